@@ -1,0 +1,268 @@
+"""Walk an fx graph in topological order and let op rules label, couple and freeze channels.
+
+The engine owns the atom table and the records a rewrite needs later:
+- module members: (module, role) -> atoms, e.g. ("layer1.0.conv1", "out");
+- parameter slices: (parameter, dim) -> atoms, the single truth of what gets sliced;
+- graph constants: literal ints in the graph that count channels (``view(b, 512, -1)``);
+- equal-count ties: channel segments that must keep equally many channels (``chunk(2)``).
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.fx as fx
+from torch import nn
+
+from ..atoms import AtomTable
+from ..rules.registry import RULES, OpRegistry
+from ..shapes import VALUE_KEY
+from .values import Lab, SizeRef
+
+
+@dataclass
+class Record:
+    """Atoms along one sliceable thing: a module role, a parameter dim, or a graph constant."""
+
+    kind: str  # "module" | "param" | "const"
+    name: str  # module / parameter qualified name, or fx node name for constants
+    role: str  # "out", "in", "channel" / "dim0".. / "args[1]" ...
+    atoms: np.ndarray
+    module_type: str = ""
+    owner: str = ""  # module whose forward contains a graph constant
+
+
+@dataclass
+class EqualCount:
+    segments: list[np.ndarray]
+    why: str
+
+
+@dataclass
+class EngineState:
+    atoms: AtomTable = field(default_factory=AtomTable)
+    records: dict[tuple[str, str, str], Record] = field(default_factory=dict)
+    ties: list[EqualCount] = field(default_factory=list)
+    notes: list[tuple[np.ndarray, str]] = field(default_factory=list)
+    unknown: dict[str, str] = field(default_factory=dict)  # node name -> description of the op without a rule
+
+
+def _flatten(x: Any) -> list[Any]:
+    if isinstance(x, (list, tuple)):
+        return [y for item in x for y in _flatten(item)]
+    if isinstance(x, dict):
+        return [y for item in x.values() for y in _flatten(item)]
+    if isinstance(x, slice):
+        return _flatten([x.start, x.stop, x.step])
+    return [x]
+
+
+def describe_target(node: fx.Node, module: nn.Module | None) -> str:
+    if node.op == "call_module":
+        return f"{type(module).__module__}.{type(module).__qualname__} (module '{node.target}')"
+    if node.op == "call_method":
+        return f"Tensor.{node.target}"
+    target = node.target
+    mod = getattr(target, "__module__", None) or ""
+    return f"{mod}.{getattr(target, '__qualname__', getattr(target, '__name__', repr(target)))}".lstrip(".")
+
+
+class Ctx:
+    """What a rule sees: its node, argument values and labels, and the operations it may perform."""
+
+    def __init__(self, engine: "Engine", node: fx.Node, module: nn.Module | None) -> None:
+        self.engine = engine
+        self.state = engine.state
+        self.node = node
+        self.module = module
+        self.args = node.args
+        self.kwargs = node.kwargs
+
+    # ---- reading -------------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.node.target if self.node.op == "call_module" else self.node.name
+
+    @property
+    def out(self) -> Any:
+        """The node's recorded output value (meta tensors, ints, tuples)."""
+        return self.node.meta.get(VALUE_KEY)
+
+    def value(self, a: Any) -> Any:
+        if isinstance(a, fx.Node):
+            return a.meta.get(VALUE_KEY)
+        if isinstance(a, (list, tuple)):
+            return type(a)(self.value(x) for x in a)
+        return a
+
+    def aval(self, a: Any) -> Any:
+        """Analysis value of an argument: Lab for tensors, SizeRef/int for sizes, tuples recursively."""
+        if isinstance(a, fx.Node):
+            return self.engine.env[a]
+        if isinstance(a, (list, tuple)):
+            return type(a)(self.aval(x) for x in a)
+        return a
+
+    def lab(self, a: Any) -> Lab:
+        v = self.aval(a)
+        if isinstance(v, Lab):
+            return v
+        t = self.value(a)
+        return Lab.none(t.dim() if isinstance(t, torch.Tensor) else 0)
+
+    def arg(self, i: int, key: str, default: Any = None) -> Any:
+        if len(self.args) > i:
+            return self.args[i]
+        return self.kwargs.get(key, default)
+
+    def is_tensor(self, a: Any) -> bool:
+        return isinstance(self.value(a), torch.Tensor)
+
+    def shape(self, a: Any) -> tuple[int, ...]:
+        return tuple(self.value(a).shape)
+
+    def owner(self) -> str:
+        stack = self.node.meta.get("nn_module_stack") or {}
+        return next(reversed(stack.values()))[0] if stack else ""
+
+    # ---- acting --------------------------------------------------------------------------------
+    def fresh(self, n: int) -> np.ndarray:
+        return self.state.atoms.new(n)
+
+    def union(self, a: np.ndarray, b: np.ndarray, reason: str | None = None) -> None:
+        self.state.atoms.union(a, b, reason or f"coupled with channels that are kept at {self.where()}")
+
+    def freeze(self, what: Any, reason: str) -> None:
+        """Freeze the classes of an atom array, a Lab, or every Lab inside a structure."""
+        for x in _flatten(what) if not isinstance(what, np.ndarray) else [what]:
+            if isinstance(x, Lab):
+                x = x.atoms()
+            if isinstance(x, np.ndarray):
+                self.state.atoms.freeze(x, f"{reason} ({self.where()})")
+
+    def inexact(self, atoms: np.ndarray, reason: str) -> None:
+        self.state.atoms.mark_inexact(atoms, f"{reason} ({self.where()})")
+
+    def where(self) -> str:
+        return f"node '{self.node.name}'"
+
+    def member(self, role: str, atoms: np.ndarray, name: str | None = None) -> None:
+        """Record that ``role`` of a module (this node's, by default) has these channels."""
+        name = name or self.name
+        mtype = type(self.module).__name__ if self.module is not None and name == self.name else ""
+        self._record("module", name, role, atoms, module_type=mtype)
+
+    def param(self, qualname: str, dim: int, atoms: np.ndarray) -> None:
+        """Record that dim ``dim`` of parameter/buffer ``qualname`` is indexed by these channels."""
+        self._record("param", qualname, f"dim{dim}", atoms)
+
+    def constant(self, path: tuple, atoms: np.ndarray) -> None:
+        """A literal in this node's arguments that equals the number of kept positions in ``atoms``."""
+        role = "".join(f"[{p!r}]" if not isinstance(p, str) else p for p in path)
+        self._record("const", self.node.name, role, atoms, owner=self.owner())
+
+    def equal_count(self, segments: list[np.ndarray], why: str) -> None:
+        self.state.ties.append(EqualCount([np.asarray(s) for s in segments], f"{why} ({self.where()})"))
+
+    def note(self, atoms: np.ndarray, text: str) -> None:
+        self.state.notes.append((np.asarray(atoms), text))
+
+    def _record(self, kind: str, name: str, role: str, atoms: np.ndarray, **extra: str) -> None:
+        key = (kind, name, role)
+        atoms = np.asarray(atoms, dtype=np.int64)
+        rec = self.state.records.get(key)
+        if rec is None:
+            self.state.records[key] = Record(kind, name, role, atoms, **extra)
+        elif len(rec.atoms) != len(atoms):
+            self.state.atoms.freeze(np.concatenate([rec.atoms, atoms]), f"{name} {role} used with different widths")
+        else:  # a module called at several places: the same weight slice serves every call
+            self.union(rec.atoms, atoms)
+
+
+class Engine:
+    """Runs the rules over a shape-annotated GraphModule."""
+
+    def __init__(self, gm: fx.GraphModule, registry: OpRegistry = RULES) -> None:
+        self.gm = gm
+        self.registry = registry
+        self.state = EngineState()
+        self.env: dict[fx.Node, Any] = {}
+        self.modules = dict(gm.named_modules())
+
+    def run(self) -> EngineState:
+        for node in self.gm.graph.nodes:
+            self.env[node] = self._visit(node)
+        return self.state
+
+    def _visit(self, node: fx.Node) -> Any:
+        val = node.meta.get(VALUE_KEY)
+        if node.op == "placeholder":
+            return _unlabeled(val)
+        if node.op == "get_attr":
+            return self._get_attr(node, val)
+        if node.op == "output":
+            ctx = Ctx(self, node, None)
+            ctx.freeze(ctx.aval(node.args[0]), "model output")
+            return None
+        module = self.modules.get(node.target) if node.op == "call_module" else None
+        if node.op == "call_module":
+            rule = self.registry.for_module(module)
+        elif node.op == "call_function":
+            rule = self.registry.for_function(node.target)
+        else:
+            rule = self.registry.for_method(node.target)
+        ctx = Ctx(self, node, module)
+        if rule is None:
+            return self._unknown(ctx, val)
+        return rule(ctx)
+
+    def _get_attr(self, node: fx.Node, val: Any) -> Any:
+        if not isinstance(val, torch.Tensor):
+            return val
+        # A parameter/buffer read in forward is a producer along each of its dims: its positions are
+        # sliced exactly when the channels it meets are (a learned pos-embedding, a layer scale).
+        dims = []
+        ctx = Ctx(self, node, None)
+        for d, n in enumerate(val.shape):
+            if n > 1:
+                atoms = self.state.atoms.new(n)
+                ctx.param(str(node.target), d, atoms)
+                dims.append(atoms)
+            else:
+                dims.append(None)
+        return Lab(tuple(dims))
+
+    def _unknown(self, ctx: Ctx, val: Any) -> Any:
+        inputs = [a for a in _flatten((ctx.args, dict(ctx.kwargs))) if isinstance(a, fx.Node)]
+        labs = [self.env[a] for a in inputs]
+        touches = any(isinstance(x, Lab) for x in _flatten(labs)) or any(isinstance(x, torch.Tensor) for x in _flatten(val))
+        if not touches:  # pure Python arithmetic on sizes and the like
+            return _size_arith(ctx, val, labs)
+        desc = describe_target(ctx.node, ctx.module)
+        self.state.unknown[ctx.node.name] = desc
+        ctx.freeze(labs, f"no rule for {desc}")
+        return _unlabeled(val)
+
+
+def _unlabeled(val: Any) -> Any:
+    if isinstance(val, torch.Tensor):
+        return Lab.none(val.dim())
+    if isinstance(val, (list, tuple)):
+        return type(val)(_unlabeled(v) for v in val) if not isinstance(val, torch.Size) else tuple(val)
+    return val
+
+
+def _size_arith(ctx: Ctx, val: Any, labs: list[Any]) -> Any:
+    """Ints computed from sizes keep their provenance (``c // 2`` stays tied to ``c``'s channels)."""
+    refs = [x for x in _flatten(labs) if isinstance(x, SizeRef)]
+    if isinstance(val, int) and not isinstance(val, bool) and refs:
+        sources = tuple(s for r in refs for s in r.sources)
+        exact = ctx.node.target in (operator.pos, int) and len(refs) == 1 and refs[0].exact
+        return SizeRef(val, sources, exact)
+    return val
+
+

@@ -1,0 +1,96 @@
+"""The analysis result: groups of coupled channels, printable and serialisable."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch.fx as fx
+
+from .groups import Group
+
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class DependencyGraph:
+    """Channel groups of a traced model plus what a rewrite needs (per-record class ids)."""
+
+    gm: fx.GraphModule
+    groups: list[Group]
+    record_roots: dict[tuple[str, str, str], np.ndarray] = field(repr=False)
+    ties: list[tuple[tuple[int, ...], str]]
+    unknown_ops: dict[str, str]
+    auto_leaves: dict[str, str]
+    model_name: str
+    seconds: float
+    shape_pass: str
+
+    @property
+    def prunable(self) -> list[Group]:
+        return [g for g in self.groups if g.prunable]
+
+    def group_of(self, module: str, role: str = "out") -> Group | None:
+        """The group holding ``module``'s ``role`` channels (the first, when they span several groups)."""
+        for g in self.groups:
+            if any(m.kind == "module" and m.name == module and m.role == role for m in g.members):
+                return g
+        return None
+
+    def groups_of(self, module: str, role: str = "out") -> list[Group]:
+        return [g for g in self.groups if any(m.kind == "module" and m.name == module and m.role == role for m in g.members)]
+
+    def summary(self) -> str:
+        frozen = [g for g in self.groups if not g.prunable]
+        reasons: dict[str, int] = {}
+        for g in frozen:
+            for r in g.reasons[:1]:
+                key = r.split(" (node")[0]
+                reasons[key] = reasons.get(key, 0) + 1
+        top = ", ".join(f"{k}: {v}" for k, v in sorted(reasons.items(), key=lambda kv: -kv[1])[:4])
+        return (
+            f"{self.model_name}: {len(self.gm.graph.nodes)} nodes, {len(self.groups)} groups, "
+            f"{len(self.prunable)} prunable, {sum(g.channels for g in self.prunable)} prunable channels"
+            f" of {sum(g.channels for g in self.groups)}; frozen groups by reason: {top or 'none'}; "
+            f"{self.seconds:.3f} s"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA_VERSION,
+            "model": self.model_name,
+            "nodes": len(self.gm.graph.nodes),
+            "seconds": round(self.seconds, 4),
+            "shape_pass": self.shape_pass,
+            "auto_leaves": self.auto_leaves,
+            "unknown_ops": self.unknown_ops,
+            "groups": [g.to_dict() for g in self.groups],
+            "ties": [{"groups": list(g), "why": why} for g, why in self.ties],
+        }
+
+    def to_json(self, path: str | Path | None = None) -> str:
+        text = json.dumps(self.to_dict(), indent=1)
+        if path is not None:
+            Path(path).write_text(text)
+        return text
+
+    def table(self, max_members: int = 6):
+        """A rich Table of the groups (id, channels, prunable/why, constraints, members)."""
+        from rich.table import Table
+
+        t = Table(title=f"{self.model_name}: channel groups", show_lines=False)
+        for col in ("id", "ch", "prunable", "constraint / reason", "members"):
+            t.add_column(col, overflow="fold")
+        for g in self.groups:
+            owners = {m.name for m in g.members if m.kind == "module"}
+            mem = [f"{m.name}.{m.describe()}" for m in g.members if m.kind != "param" or m.name.rsplit(".", 1)[0] not in owners]
+            more = len(mem) - max_members
+            text = "\n".join(mem[:max_members]) + (f"\n(+{more} more)" if more > 0 else "")
+            why = "; ".join(g.constraints) if g.prunable else g.reasons[0] + (f" (+{len(g.reasons) - 1})" if len(g.reasons) > 1 else "")
+            if g.prunable and not g.exact:
+                why = ("inexact: " + g.inexact_reasons[0] + "; " + why).rstrip("; ")
+            t.add_row(str(g.id), str(g.channels), "yes" if g.prunable else "no", why, text)
+        return t

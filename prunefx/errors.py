@@ -1,0 +1,17 @@
+"""Errors prunefx raises on bad input; each message names the problem and the fix."""
+
+
+class PrunefxError(Exception):
+    """Base class: a user-facing error whose message is meant to be printed as is."""
+
+
+class TraceFailure(PrunefxError):
+    """The model could not be captured as a torch.fx graph."""
+
+
+class ShapeError(PrunefxError):
+    """The example inputs do not run through the model."""
+
+
+class SpecError(PrunefxError):
+    """A model SPEC (``torchvision:resnet50``, a checkpoint path, ...) could not be resolved."""

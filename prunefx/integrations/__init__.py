@@ -1,0 +1,1 @@
+"""Glue for third-party frameworks (ultralytics)."""

@@ -1,0 +1,85 @@
+"""Shared plumbing for the metrics: the error type, input normalisation and a forward that leaves no trace."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten
+
+from ..errors import PrunefxError
+
+
+class MetricsError(PrunefxError, ValueError):
+    """A model or its example inputs cannot be measured; the message names the problem and the fix."""
+
+
+def check_model(model: Any, caller: str) -> nn.Module:
+    """Return ``model`` if it is an ``nn.Module``, else raise a MetricsError saying what to pass."""
+    if not isinstance(model, nn.Module):
+        raise MetricsError(
+            f"{caller}() needs a torch.nn.Module, got {type(model).__name__}. "
+            "Pass the model object itself, e.g. torchvision.models.resnet50(weights=None)."
+        )
+    return model
+
+
+def as_args(example_inputs: Any) -> tuple[Any, ...]:
+    """Normalise example inputs to the positional-argument tuple of ``model(*args)``.
+
+    A tensor is one argument; a tuple or list is the argument list itself.
+    """
+    args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    if not any(isinstance(t, torch.Tensor) for t in tree_flatten(args)[0]):
+        raise MetricsError(
+            f"example_inputs holds no tensor (got {type(example_inputs).__name__}). "
+            "Pass a tensor or a tuple of the forward's positional arguments, e.g. torch.randn(1, 3, 224, 224)."
+        )
+    return args
+
+
+def input_shapes(args: tuple[Any, ...]) -> tuple[tuple[int, ...], ...]:
+    """Shapes of every tensor among ``args``, in order."""
+    return tuple(tuple(t.shape) for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor))
+
+
+def batch_size(args: tuple[Any, ...]) -> int:
+    """Leading dimension of the first tensor with one (1 for a scalar input)."""
+    for t in tree_flatten(args)[0]:
+        if isinstance(t, torch.Tensor) and t.dim() > 0:
+            return int(t.shape[0])
+    return 1
+
+
+def rejected(exc: BaseException, args: tuple[Any, ...]) -> MetricsError:
+    """A MetricsError for a forward that raised on the example inputs."""
+    return MetricsError(
+        f"the model rejected example inputs of shape {list(input_shapes(args))}: {type(exc).__name__}: {exc}. "
+        "Pass inputs the model's forward accepts (batch, channels, image size, dtype and device)."
+    )
+
+
+@contextlib.contextmanager
+def untouched(model: nn.Module) -> Iterator[nn.Module]:
+    """Put ``model`` in eval mode for the block, then restore every module's attributes as they were.
+
+    Restoring each module's ``__dict__`` entries (not only ``training``) matters because some forwards
+    cache tensors as plain attributes: ultralytics' Detect head stores anchors for the last input shape,
+    which after a meta-tensor pass would be meta tensors poisoning the next real forward. Parameters,
+    buffers and children live in dicts whose identity does not change, so they are left to their owners.
+    """
+    saved = [(m, dict(vars(m))) for m in model.modules()]
+    try:
+        model.eval()
+        yield model
+    finally:
+        for m, before in saved:
+            now = vars(m)
+            for key in [k for k in now if k not in before]:
+                del now[key]
+            for key, value in before.items():
+                if now.get(key) is not value:
+                    now[key] = value

@@ -24,7 +24,23 @@ from .trace import training_mode
 VALUE_KEY = "prunefx_value"
 
 
+# Leaf modules whose output has the input's shape and dtype: on meta tensors their kernels (BatchNorm's
+# decomposition above all) cost more than the whole rest of the pass, and the answer is known.
+_SHAPE_PRESERVING = (
+    nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._InstanceNorm, nn.LayerNorm, nn.GroupNorm,
+    nn.modules.dropout._DropoutNd, nn.Identity, nn.ReLU, nn.ReLU6, nn.SiLU, nn.GELU, nn.Hardswish,
+    nn.Hardsigmoid, nn.Sigmoid, nn.Tanh, nn.LeakyReLU, nn.ELU, nn.Mish, nn.PReLU,
+)
+
+
 class _Recorder(fx.Interpreter):
+    def call_module(self, target: str, args: tuple, kwargs: dict) -> Any:
+        x = args[0] if args else None
+        if isinstance(x, torch.Tensor) and x.device.type == "meta" and not kwargs and len(args) == 1:
+            if isinstance(self.fetch_attr(target), _SHAPE_PRESERVING):
+                return x
+        return super().call_module(target, args, kwargs)
+
     def run_node(self, n: fx.Node) -> Any:
         out = super().run_node(n)
         n.meta[VALUE_KEY] = tree_map(_to_meta, out)

@@ -216,6 +216,8 @@ class Engine:
         else:
             rule = self.registry.for_method(node.target)
         ctx = Ctx(self, node, module)
+        if rule is None and isinstance(node.target, type) and issubclass(node.target, (tuple, list, dict)):
+            return _container(ctx)  # tuple(...) / NamedTuple(...) / dict(...) built in forward
         if rule is None:
             return self._unknown(ctx, val)
         return rule(ctx)
@@ -248,11 +250,24 @@ class Engine:
         return _unlabeled(val)
 
 
+def _container(ctx: Ctx) -> Any:
+    cls = ctx.node.target
+    if issubclass(cls, tuple) and hasattr(cls, "_fields"):
+        return cls(*(ctx.aval(a) for a in ctx.args), **{k: ctx.aval(v) for k, v in ctx.kwargs.items()})
+    if issubclass(cls, dict):
+        return cls(*(ctx.aval(a) for a in ctx.args), **{k: ctx.aval(v) for k, v in ctx.kwargs.items()})
+    return cls(*(ctx.aval(a) for a in ctx.args))
+
+
 def _unlabeled(val: Any) -> Any:
     if isinstance(val, torch.Tensor):
         return Lab.none(val.dim())
+    if isinstance(val, torch.Size):
+        return tuple(val)
+    if isinstance(val, tuple) and hasattr(val, "_fields"):  # namedtuple outputs (GoogLeNetOutputs)
+        return type(val)(*(_unlabeled(v) for v in val))
     if isinstance(val, (list, tuple)):
-        return type(val)(_unlabeled(v) for v in val) if not isinstance(val, torch.Size) else tuple(val)
+        return type(val)(_unlabeled(v) for v in val)
     return val
 
 

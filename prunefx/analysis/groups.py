@@ -18,34 +18,46 @@ _RNG = np.random.default_rng(0x5EED)
 
 @dataclass(frozen=True)
 class Member:
-    """One layer role (or parameter dim, or graph literal) in a group and where each channel sits in it."""
+    """One layer role (or parameter dim, or graph literal) in a group and where each channel sits in it.
+
+    Channel k of the group occupies positions ``index[offsets[k]:offsets[k + 1]]`` of this member: one
+    position usually, several when a channel is repeated (SPPF's concat, a flatten into Linear).
+    """
 
     kind: str  # "module" | "param" | "const"
     name: str
     role: str
     module_type: str
-    positions: tuple[tuple[int, ...], ...]  # per group channel; several when a channel is repeated (concat, flatten)
+    index: np.ndarray = field(repr=False, compare=False)
+    offsets: np.ndarray = field(repr=False, compare=False)
+
+    @property
+    def positions(self) -> tuple[tuple[int, ...], ...]:
+        idx, off = self.index.tolist(), self.offsets.tolist()
+        return tuple(tuple(idx[a:b]) for a, b in zip(off, off[1:]))
 
     def describe(self) -> str:
-        """Compact slice notation: ``out[0:64]``, ``in[0:64]+[64:128]`` (SPPF), ``in[0:3136]/64`` (flatten)."""
-        reps = len(self.positions[0]) if self.positions else 0
-        uniform = all(len(p) == reps for p in self.positions)
-        if not uniform:
-            return f"{self.role}{{{sum(len(p) for p in self.positions)} positions}}"
-        spans = []
-        for r in range(reps):
-            col = [p[r] for p in self.positions]
-            spans.append(_span(col))
+        """Compact slice notation: ``out[0:64]``, ``in[0:64]+[64:128]`` (SPPF), ``in[0:25088:49]x49`` (flatten)."""
+        counts = np.diff(self.offsets)
+        reps = int(counts[0]) if len(counts) else 0
+        if len(counts) == 0 or not (counts == reps).all():
+            return f"{self.role}{{{len(self.index)} positions}}"
+        grid = self.index.reshape(-1, reps)
+        spans = [_span(grid[:, r]) for r in range(min(reps, 4))]
         return self.role + "+".join(spans) if reps <= 4 else f"{self.role}{spans[0]}x{reps}"
 
 
-def _span(col: list[int]) -> str:
-    if col == list(range(col[0], col[0] + len(col))):
-        return f"[{col[0]}:{col[0] + len(col)}]"
-    if len(col) > 1 and len({b - a for a, b in zip(col, col[1:])}) == 1:
-        step = col[1] - col[0]
-        return f"[{col[0]}:{col[-1] + 1}:{step}]"
-    return "[" + ",".join(map(str, col[:6])) + (",...]" if len(col) > 6 else "]")
+def _span(col: np.ndarray) -> str:
+    if len(col) > 1:
+        steps = np.diff(col)
+        if (steps == steps[0]).all():
+            step = int(steps[0])
+            tail = f":{step}" if step != 1 else ""
+            return f"[{col[0]}:{col[-1] + 1}{tail}]"
+    elif len(col) == 1:
+        return f"[{col[0]}:{col[0] + 1}]"
+    head = ",".join(map(str, col[:6].tolist()))
+    return f"[{head}{',...' if len(col) > 6 else ''}]"
 
 
 @dataclass(frozen=True)
@@ -100,103 +112,128 @@ def build_groups(state: EngineState) -> Grouping:
 
 def _group_once(state: EngineState) -> Grouping | None:
     atoms = state.atoms
-    records = list(state.records.values())
     keys = list(state.records.keys())
+    records = list(state.records.values())
+    R = max(len(records), 1)
     roots = [atoms.find(r.atoms) for r in records]
-    rec_ids = np.concatenate([np.full(len(r), i, dtype=np.int64) for i, r in enumerate(roots)]) if roots else np.empty(0, np.int64)
-    all_roots = np.concatenate(roots) if roots else np.empty(0, np.int64)
-    valid = all_roots >= 0
-    pairs = np.unique(np.stack([all_roots[valid], rec_ids[valid]], axis=1), axis=0) if valid.any() else np.empty((0, 2), np.int64)
-    weights = _RNG.integers(1, 2**62, size=len(records) + 1, dtype=np.int64).astype(np.uint64)
-    classes, inv = np.unique(pairs[:, 0], return_inverse=True)
-    sig = np.zeros(len(classes), dtype=np.uint64)
-    np.add.at(sig, inv, weights[pairs[:, 1]])
-    frozen = atoms.frozen_reason(classes)
-    inexact = atoms.inexact_reason(classes)
-    sig = sig ^ (np.uint64(0x9E3779B97F4A7C15) * (frozen >= 0).astype(np.uint64))
-    sig = sig ^ (np.uint64(0xC2B2AE3D27D4EB4F) * (inexact >= 0).astype(np.uint64))
-    sigs, group_of_class = np.unique(sig, return_inverse=True)
+    lengths = np.array([len(r) for r in roots], dtype=np.int64)
+    occ_root = np.concatenate(roots) if roots else np.empty(0, np.int64)
+    occ_rec = np.repeat(np.arange(len(records)), lengths)
+    occ_pos = np.concatenate([np.arange(n) for n in lengths]) if roots else np.empty(0, np.int64)
+    valid = occ_root >= 0
+    occ_root, occ_rec, occ_pos = occ_root[valid], occ_rec[valid], occ_pos[valid]
+    classes, occ_cls = _unique_inverse(occ_root)
+    n_cls = len(classes)
 
-    # Which records each group touches, and positions of each class inside each record.
-    first_rec = np.full(len(classes), len(records), dtype=np.int64)
-    np.minimum.at(first_rec, inv, pairs[:, 1])
-    class_index = {int(c): i for i, c in enumerate(classes)}
-    group_classes: list[list[int]] = [[] for _ in sigs]
-    for ci, g in enumerate(group_of_class):
-        group_classes[g].append(ci)
-    pos_by_record: list[dict[int, list[int]]] = []
-    for r in roots:
-        d: dict[int, list[int]] = {}
-        for p, c in enumerate(r.tolist()):
-            if c >= 0:
-                d.setdefault(c, []).append(p)
-        pos_by_record.append(d)
-    recs_of_group: list[list[int]] = [[] for _ in sigs]
-    seen = set()
-    for c, rid in pairs.tolist():
-        g = int(group_of_class[class_index[c]])
-        if (g, rid) not in seen:
-            seen.add((g, rid))
-            recs_of_group[g].append(rid)
+    # Signature of a class: the set of records it appears in, plus its frozen / inexact state.
+    pairs, _ = _unique_inverse(occ_cls * R + occ_rec)
+    pair_cls, pair_rec = pairs // R, pairs % R
+    weights = _RNG.integers(1, 2**62, size=R, dtype=np.int64).astype(np.uint64)
+    sig = np.zeros(n_cls, dtype=np.uint64)
+    np.add.at(sig, pair_cls, weights[pair_rec])
+    frozen, inexact = atoms.frozen_reason(classes), atoms.inexact_reason(classes)
+    sig ^= np.uint64(0x9E3779B97F4A7C15) * (frozen >= 0).astype(np.uint64)
+    sig ^= np.uint64(0xC2B2AE3D27D4EB4F) * (inexact >= 0).astype(np.uint64)
+    _, raw_gid = _unique_inverse(sig)
+    n_grp = int(raw_gid.max()) + 1 if n_cls else 0
 
-    # Equal-count ties: fine when each segment is exactly one group; else couple positions and retry.
+    # Order groups and channels by first appearance (record order follows the graph, producers first).
+    big = int(lengths.max()) + 1 if len(lengths) else 1
+    first = np.full(n_cls, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(first, occ_cls, occ_rec * big + occ_pos)
+    gfirst = np.full(n_grp, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(gfirst, raw_gid, first)
+    renum = np.empty(n_grp, dtype=np.int64)
+    renum[np.argsort(gfirst, kind="stable")] = np.arange(n_grp)
+    gid = renum[raw_gid]
+    by_group = np.lexsort((first, gid))
+    sizes = np.bincount(gid, minlength=n_grp)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    rank = np.empty(n_cls, dtype=np.int64)
+    rank[by_group] = np.arange(n_cls) - starts[gid[by_group]]
+
+    ties, retry = _resolve_ties(state, classes, gid, sizes)
+    if retry:
+        return None
+
+    # Members: occurrences sorted by (group, record, channel rank, position).
+    occ_gid, occ_rank = gid[occ_cls], rank[occ_cls]
+    order = np.lexsort((occ_pos, occ_rank, occ_rec, occ_gid))
+    o_gid, o_rec, o_rank, o_pos = occ_gid[order], occ_rec[order], occ_rank[order], occ_pos[order]
+    block = np.flatnonzero(np.diff(o_gid * R + o_rec, prepend=-1, append=-1))
+    members: list[list[Member]] = [[] for _ in range(n_grp)]
+    for a, b in zip(block[:-1], block[1:]):
+        g, rid = int(o_gid[a]), int(o_rec[a])
+        counts = np.bincount(o_rank[a:b], minlength=int(sizes[g]))
+        offsets = np.concatenate([[0], np.cumsum(counts)])
+        rec: Record = records[rid]
+        members[g].append(Member(rec.kind, rec.name, rec.role, rec.module_type or rec.owner, o_pos[a:b], offsets))
+
+    notes: dict[int, list[str]] = {}
+    for a, text in state.notes:
+        for g in np.unique(_gids_of(atoms.find(a), classes, gid)).tolist():
+            if g >= 0:
+                notes.setdefault(g, []).append(text)
+    groups: list[Group] = []
+    for g in range(n_grp):
+        cls_idx = by_group[starts[g] : starts[g] + sizes[g]]
+        froots = classes[cls_idx]
+        fr = sorted({atoms.reasons[i] for i in np.unique(frozen[cls_idx]).tolist() if i >= 0})
+        ir = sorted({atoms.reasons[i] for i in np.unique(inexact[cls_idx]).tolist() if i >= 0})
+        constraints = list(dict.fromkeys(notes.get(g, [])))
+        for gids, why in ties:
+            if g in gids:
+                constraints.append(f"keeps as many channels as group(s) {[x for x in gids if x != g]}: {why}")
+        groups.append(Group(g, int(sizes[g]), not fr, tuple(fr), tuple(constraints), not ir, tuple(ir), tuple(members[g]), froots))
+    return Grouping(groups, dict(zip(keys, roots)), ties)
+
+
+def _unique_inverse(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted unique values and the inverse index (sort based: far faster than np.unique's hashing here)."""
+    order = np.argsort(a, kind="stable")
+    sa = a[order]
+    new = np.empty(len(sa), dtype=bool)
+    new[:1] = True
+    np.not_equal(sa[1:], sa[:-1], out=new[1:])
+    inv = np.empty(len(a), dtype=np.int64)
+    inv[order] = np.cumsum(new) - 1
+    return sa[new], inv
+
+
+def _gids_of(roots: np.ndarray, classes: np.ndarray, gid: np.ndarray) -> np.ndarray:
+    """Group id of each class root (-1 for NO_CHANNEL or roots that are in no record)."""
+    out = np.full(len(roots), -1, dtype=np.int64)
+    ok = roots >= 0
+    idx = np.searchsorted(classes, roots[ok])
+    idx = np.minimum(idx, len(classes) - 1) if len(classes) else idx
+    hit = classes[idx] == roots[ok] if len(classes) else np.zeros(0, bool)
+    sub = np.full(ok.sum(), -1, dtype=np.int64)
+    sub[hit] = gid[idx[hit]]
+    out[ok] = sub
+    return out
+
+
+def _resolve_ties(state: EngineState, classes, gid, sizes) -> tuple[list[tuple[tuple[int, ...], str]], bool]:
+    """Equal-count ties are kept when each piece is one whole group; else pieces are coupled by position."""
+    atoms = state.atoms
     ties: list[tuple[tuple[int, ...], str]] = []
     retry = False
     for tie in state.ties:
         seg_roots = [atoms.find(s) for s in tie.segments]
         gids = []
         for s in seg_roots:
-            gs = {int(group_of_class[class_index[int(c)]]) for c in s if c >= 0 and int(c) in class_index}
-            whole = len(gs) == 1 and len(set(s.tolist())) == len(s) == len(group_classes[next(iter(gs))])
-            gids.append(next(iter(gs)) if whole else None)
+            gs = np.unique(_gids_of(s, classes, gid))
+            whole = len(gs) == 1 and gs[0] >= 0 and len(np.unique(s)) == len(s) == sizes[gs[0]]
+            gids.append(int(gs[0]) if whole else None)
         if all(g is not None for g in gids) and len(set(gids)) == len(gids):
             ties.append((tuple(gids), tie.why))
-        elif all(g is not None for g in gids):
-            continue  # all segments already one group: equal by construction
-        else:
-            lens = {len(s) for s in tie.segments}
-            if len(lens) != 1:
-                atoms.freeze(np.concatenate(tie.segments), f"{tie.why}: unequal pieces")
-            else:
-                for s in tie.segments[1:]:
-                    atoms.union(tie.segments[0], s)
+        elif all(len(s) == len(seg_roots[0]) and np.array_equal(s, seg_roots[0]) for s in seg_roots):
+            continue  # pieces already coupled position by position: equal counts by construction
+        elif len({len(s) for s in tie.segments}) != 1:
+            atoms.freeze(np.concatenate(tie.segments), f"{tie.why}: unequal pieces")
             retry = True
-    if retry:
-        state.ties = [t for t in state.ties if len({len(s) for s in t.segments}) == 1]
-        return None
-
-    notes_by_group: dict[int, list[str]] = {}
-    for a, text in state.notes:
-        for c in set(atoms.find(a).tolist()):
-            if c in class_index:
-                notes_by_group.setdefault(int(group_of_class[class_index[c]]), []).append(text)
-
-    order = sorted(range(len(sigs)), key=lambda g: (min(recs_of_group[g]), _first_pos(g, group_classes, classes, pos_by_record, recs_of_group)))
-    renumber = {g: i for i, g in enumerate(order)}
-    groups: list[Group] = []
-    for g in order:
-        cls = [int(classes[ci]) for ci in group_classes[g]]
-        rids = sorted(recs_of_group[g])
-        lead = pos_by_record[rids[0]]
-        cls.sort(key=lambda c: lead.get(c, [1 << 60])[0])
-        members = []
-        for rid in rids:
-            rec: Record = records[rid]
-            pos = pos_by_record[rid]
-            members.append(Member(rec.kind, rec.name, rec.role, rec.module_type or rec.owner, tuple(tuple(pos[c]) for c in cls)))
-        froots = np.asarray(cls, dtype=np.int64)
-        fr = sorted({atoms.reasons[i] for i in atoms.frozen_reason(froots).tolist() if i >= 0})
-        ir = sorted({atoms.reasons[i] for i in atoms.inexact_reason(froots).tolist() if i >= 0})
-        constraints = list(dict.fromkeys(notes_by_group.get(g, [])))
-        for gids, why in ties:
-            if g in gids:
-                others = [renumber[x] for x in gids if x != g]
-                constraints.append(f"keeps as many channels as group(s) {others}: {why}")
-        groups.append(Group(renumber[g], len(cls), not fr, tuple(fr), tuple(constraints), not ir, tuple(ir), tuple(members), froots))
-    record_roots = {k: r for k, r in zip(keys, roots)}
-    return Grouping(groups, record_roots, [(tuple(renumber[g] for g in gids), why) for gids, why in ties])
-
-
-def _first_pos(g, group_classes, classes, pos_by_record, recs_of_group) -> int:
-    rid = min(recs_of_group[g])
-    return min(pos_by_record[rid].get(int(classes[ci]), [1 << 60])[0] for ci in group_classes[g])
+        else:
+            for s in tie.segments[1:]:
+                atoms.union(tie.segments[0], s)
+            retry = True
+    return ties, retry

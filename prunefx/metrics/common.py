@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_map_only
 
 from ..errors import PrunefxError
 
@@ -17,14 +17,13 @@ class MetricsError(PrunefxError, ValueError):
     """A model or its example inputs cannot be measured; the message names the problem and the fix."""
 
 
-def check_model(model: Any, caller: str) -> nn.Module:
-    """Return ``model`` if it is an ``nn.Module``, else raise a MetricsError saying what to pass."""
+def check_model(model: Any, caller: str) -> None:
+    """Raise a MetricsError saying what to pass unless ``model`` is an ``nn.Module``."""
     if not isinstance(model, nn.Module):
         raise MetricsError(
             f"{caller}() needs a torch.nn.Module, got {type(model).__name__}. "
             "Pass the model object itself, e.g. torchvision.models.resnet50(weights=None)."
         )
-    return model
 
 
 def as_args(example_inputs: Any) -> tuple[Any, ...]:
@@ -62,8 +61,23 @@ def rejected(exc: BaseException, args: tuple[Any, ...]) -> MetricsError:
     )
 
 
+def meta_forward(model: nn.Module, args: tuple[Any, ...]) -> Any:
+    """Run ``model(*args)`` on meta tensors: shapes propagate, nothing is computed or allocated.
+
+    ``functional_call`` swaps parameters and buffers for meta stand-ins only for the call, so the real
+    weights and BatchNorm statistics cannot move. Raises whatever the forward raises when an op has
+    no meta kernel or shapes depend on data; callers then fall back to a real forward.
+    """
+    state = {
+        name: t.to("meta")
+        for name, t in (*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False))
+    }
+    meta_args = tree_map_only(torch.Tensor, lambda t: t.to("meta"), args)
+    return torch.func.functional_call(model, state, meta_args, strict=False, tie_weights=True)
+
+
 @contextlib.contextmanager
-def untouched(model: nn.Module) -> Iterator[nn.Module]:
+def untouched(model: nn.Module) -> Iterator[None]:
     """Put ``model`` in eval mode for the block, then restore every module's attributes as they were.
 
     Restoring each module's ``__dict__`` entries (not only ``training``) matters because some forwards
@@ -74,7 +88,7 @@ def untouched(model: nn.Module) -> Iterator[nn.Module]:
     saved = [(m, dict(vars(m))) for m in model.modules()]
     try:
         model.eval()
-        yield model
+        yield
     finally:
         for m, before in saved:
             now = vars(m)

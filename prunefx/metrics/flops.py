@@ -12,6 +12,9 @@ Conventions (also in ``CONVENTIONS``, which reports copy verbatim):
   costs **2** for mean and variance plus **1** to apply the per-channel scale and shift, **3**;
   layer norm's elementwise affine varies inside the normalised group, so it cannot be folded into
   that scale and adds **1** more (4).
+* Fused inference kernels FlopCounterMode does not know are added with the same products, so the
+  count does not depend on which kernel ran: CPU flash attention, nn.MultiheadAttention's and
+  nn.TransformerEncoderLayer's fast paths (projections, QK^T, AV, feed-forward, layer norms).
 * Everything else (activations, pooling, elementwise adds, softmax, RMSNorm's decomposed ops...)
   is not counted and listed in ``Measurement.uncounted``, except pure data movement (views, cat,
   copies, indexing, tensor creation), which costs no arithmetic.
@@ -20,6 +23,7 @@ Conventions (also in ``CONVENTIONS``, which reports copy verbatim):
 from __future__ import annotations
 
 import io
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -27,35 +31,37 @@ from typing import Any, Literal
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_map_only
+from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
-from .common import MetricsError, as_args, check_model, input_shapes, rejected, untouched
+from .common import MetricsError, as_args, check_model, input_shapes, meta_forward, rejected, untouched
 
 aten = torch.ops.aten
 
 CONVENTIONS = {
     "flops": "FLOPs = 2 x MACs (one multiply-accumulate = 2 floating-point operations)",
     "counted": "convolution, linear/matmul and scaled-dot-product attention via torch FlopCounterMode "
-    "(conv: out.numel() x Cin/groups x prod(kernel) MACs, bias ignored)",
+    "(conv: out.numel() x Cin/groups x prod(kernel) MACs, bias ignored), plus the fused CPU attention "
+    "and transformer fast-path kernels it misses, counted as the same products",
     "norms": "MACs per input element: batch norm with running stats 1; layer/group/instance norm and "
     "training-mode batch norm 3 (2 for mean and variance, 1 for scale-and-shift); layer norm's "
     "elementwise affine +1",
     "not_counted": "activations, pooling, elementwise arithmetic, softmax (listed as uncounted ops)",
 }
 
-# Ops that move or create data without arithmetic; seeing them is not a gap in the count.
+# Ops that move, copy or create data without arithmetic (views are recognised by their schema);
+# seeing them is not a gap in the count.
 _FREE_OPS = frozenset(
     {
-        aten.cat, aten.stack, aten.clone, aten.contiguous, aten.copy_, aten._to_copy, aten.to,
+        aten.cat, aten.stack, aten.clone, aten.copy_, aten._to_copy, aten._unsafe_view, aten.expand_copy,
+        aten.repeat, aten.flip, aten.roll, aten.constant_pad_nd, aten.index, aten._unsafe_index,
+        aten.index_select, aten.gather, aten.select_scatter, aten.slice_scatter, aten._local_scalar_dense,
+        aten.upsample_nearest1d, aten.upsample_nearest2d, aten.upsample_nearest3d,
+        aten.pixel_shuffle, aten.pixel_unshuffle, aten.channel_shuffle, aten.native_channel_shuffle,
         aten.empty, aten.empty_like, aten.empty_strided, aten.new_empty, aten.new_empty_strided,
         aten.zeros, aten.zeros_like, aten.new_zeros, aten.ones, aten.ones_like, aten.new_ones,
         aten.full, aten.full_like, aten.new_full, aten.fill_, aten.zero_, aten.arange, aten.scalar_tensor,
-        aten.lift_fresh, aten.lift_fresh_copy, aten.detach, aten.alias, aten.repeat, aten.expand_copy,
-        aten.index, aten.index_select, aten.gather, aten.select_scatter, aten.slice_scatter,
-        aten.constant_pad_nd, aten.flip, aten.roll, aten.upsample_nearest1d, aten.upsample_nearest2d,
-        aten.upsample_nearest3d, aten._unsafe_view, aten.split_with_sizes, aten.unbind, aten.t,
-        aten.pixel_shuffle, aten.pixel_unshuffle, aten.channel_shuffle, aten.native_channel_shuffle,
+        aten.lift_fresh_copy,
     }
 )
 
@@ -69,8 +75,11 @@ def _per_element(macs_per_element: Callable[..., int]) -> Callable[..., int]:
     return formula
 
 
-def _batch_norm(weight: Any, bias: Any, mean: Any, var: Any, training: bool, *rest: Any) -> int:
-    return 3 if training else 1
+def _batch_norm(weight: Any, bias: Any, *rest: Any) -> int:
+    # rest is (running_mean, running_var, training, momentum, eps), or (training, momentum, eps) for
+    # the no_stats overload, which has no running statistics and so always computes them.
+    uses_running_stats = len(rest) == 5 and not rest[2]
+    return 1 if uses_running_stats else 3
 
 
 def _layer_norm(normalized_shape: Any, weight: Any, *rest: Any) -> int:
@@ -80,7 +89,7 @@ def _layer_norm(normalized_shape: Any, weight: Any, *rest: Any) -> int:
 # FlopCounterMode's custom_mapping takes formulas over shapes, returning FLOPs.
 _NORM_FORMULAS: dict[Any, Callable[..., int]] = {
     aten._native_batch_norm_legit_no_training: _per_element(lambda *a, **k: 1),
-    aten._native_batch_norm_legit: _per_element(lambda *a, **k: 3),  # training or no running stats
+    aten._native_batch_norm_legit: _per_element(_batch_norm),
     aten.native_batch_norm: _per_element(_batch_norm),
     aten.native_layer_norm: _per_element(_layer_norm),
     aten.native_group_norm: _per_element(lambda *a, **k: 3),
@@ -93,8 +102,35 @@ def _cpu_sdpa(query: Any, key: Any, value: Any, *args: Any, out_shape: Any = Non
     return sdpa_flop_count(query, key, value)
 
 
+def _attention_macs(query: torch.Size, key: torch.Size) -> int:
+    """MACs of self/cross attention with fused projections: Q, K, V and output projections, QK^T and AV."""
+    *batch, tgt, embed = query
+    src = key[-2]
+    return math.prod(batch) * (2 * tgt * embed * embed + 2 * src * embed * embed + 2 * tgt * src * embed)
+
+
+def _native_mha(query: Any, key: Any, value: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+    # nn.MultiheadAttention's inference fast path (eval, no_grad, batch_first) runs as this one
+    # fused op, which FlopCounterMode does not know; the slow path's mm/bmm give the same count.
+    return 2 * _attention_macs(query, key)
+
+
+def _native_encoder_layer(
+    src: torch.Size, embed_dim: int, num_heads: int, qkv_weight: Any, qkv_bias: Any, proj_weight: Any,
+    proj_bias: Any, use_gelu: bool, norm_first: bool, eps: float, norm_weight_1: Any, norm_bias_1: Any,
+    norm_weight_2: Any, norm_bias_2: Any, ffn_weight_1: torch.Size, *args: Any, out_shape: Any = None, **kwargs: Any,
+) -> int:
+    # nn.TransformerEncoderLayer's inference fast path fuses attention, both layer norms (elementwise
+    # affine: 4 MACs per element each) and the feed-forward block into this one op.
+    hidden, embed = ffn_weight_1
+    ffn = 2 * math.prod(src[:-1]) * hidden * embed
+    return 2 * (_attention_macs(src, src) + ffn + 2 * 4 * src.numel())
+
+
 _ATTENTION_FORMULAS: dict[Any, Callable[..., int]] = {
     aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa,
+    aten._native_multi_head_attention: _native_mha,
+    aten._transformer_encoder_layer_fwd: _native_encoder_layer,
 }
 
 
@@ -105,7 +141,7 @@ class Measurement:
     macs: int
     params: int  # parameter elements, shared parameters counted once
     buffers: int  # buffer elements (BatchNorm running stats, ...)
-    size_bytes: int  # len(torch.save(model.state_dict()))
+    size_bytes: int | None  # len(torch.save(model.state_dict())); None for a model on the meta device
     per_module: dict[str, int] = field(hash=False)  # module name -> MACs (see measure()'s ``by``)
     per_op: dict[str, int] = field(hash=False)  # aten op -> MACs
     uncounted: tuple[str, ...]  # aten ops that ran without a formula and are not pure data movement
@@ -159,24 +195,16 @@ def _count(model: nn.Module, run: Callable[[], Any]) -> tuple[FlopCounterMode, s
     return counter, recorder.seen
 
 
-def _meta_run(model: nn.Module, args: tuple[Any, ...]) -> Callable[[], Any]:
-    # functional_call swaps parameters and buffers for meta stand-ins only for the call, so nothing is
-    # computed or allocated and the real running statistics cannot move.
-    state = {
-        name: t.to("meta")
-        for name, t in (*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False))
-    }
-    meta_args = tree_map_only(torch.Tensor, lambda t: t.to("meta"), args)
-    return lambda: torch.func.functional_call(model, state, meta_args, strict=False, tie_weights=True)
-
-
 def _device_of(model: nn.Module, args: tuple[Any, ...]) -> str:
-    for t in (*model.parameters(), *model.buffers(), *(a for a in args if isinstance(a, torch.Tensor))):
-        return str(t.device)
+    for t in (*model.parameters(), *model.buffers(), *tree_flatten(args)[0]):
+        if isinstance(t, torch.Tensor):
+            return str(t.device)
     return "cpu"
 
 
-def _serialized_size(model: nn.Module) -> int:
+def _serialized_size(model: nn.Module) -> int | None:
+    if any(t.is_meta for t in (*model.parameters(), *model.buffers())):
+        return None  # meta tensors hold no data, so the file size would be a made-up number
     buffer = io.BytesIO()
     torch.save(model.state_dict(), buffer)
     return buffer.getbuffer().nbytes
@@ -185,18 +213,14 @@ def _serialized_size(model: nn.Module) -> int:
 def _module_breakdown(
     counts: Mapping[str, Mapping[Any, int]], model: nn.Module, by: Literal["module", "leaf"]
 ) -> dict[str, int]:
-    # FlopCounterMode names modules "<RootClass>.<fqn>"; strip the root so names match named_modules().
+    # FlopCounterMode names modules "<RootClass>.<fqn>"; "Global" and the bare root hold the total.
     prefix = type(model).__name__ + "."
-    modules = dict(model.named_modules())
-    out = {}
-    for name, ops in counts.items():
-        if not name.startswith(prefix):
-            continue  # "Global" and the root itself: that is the total
-        fqn = name[len(prefix) :]
-        if by == "leaf" and fqn in modules and any(True for _ in modules[fqn].children()):
-            continue
-        out[fqn] = sum(ops.values()) // 2
-    return out
+    macs = {name[len(prefix) :]: sum(ops.values()) // 2 for name, ops in counts.items() if name.startswith(prefix)}
+    return {
+        name: macs[name]
+        for name, module in model.named_modules()
+        if name in macs and (by == "module" or next(module.children(), None) is None)
+    }
 
 
 def measure(
@@ -211,8 +235,8 @@ def measure(
     The forward runs in eval mode under ``torch.no_grad``; training flags, BatchNorm statistics and any
     attribute the forward caches are restored afterwards. With ``use_meta`` it first runs on meta
     tensors (shapes only, no compute) and falls back to a real forward if an op has no meta kernel.
-    ``by="module"`` keys ``per_module`` by every module that ran, each including its children;
-    ``by="leaf"`` keeps only modules without children.
+    ``by="module"`` keys ``per_module`` by every module with counted MACs, each including its
+    children's; ``by="leaf"`` keeps only modules without children.
 
     >>> m = measure(torchvision.models.resnet50(), torch.randn(1, 3, 224, 224))
     >>> m.macs / 1e9, m.flops / 1e9  # ~4.1 GMACs, ~8.2 GFLOPs
@@ -221,20 +245,18 @@ def measure(
     if by not in ("module", "leaf"):
         raise MetricsError(f"by must be 'module' or 'leaf', got {by!r}.")
     args = as_args(example_inputs)
-    counter = seen = None
-    ran_on = "meta"
+    result = None
     if use_meta:
         try:
-            counter, seen = _count(model, _meta_run(model, args))
+            result = _count(model, lambda: meta_forward(model, args)), "meta"
         except Exception:  # noqa: BLE001 - no meta kernel or data-dependent shapes: count on a real forward
-            counter = None
-    if counter is None:
-        ran_on = _device_of(model, args)
+            result = None
+    if result is None:
         try:
-            counter, seen = _count(model, lambda: model(*args))
+            result = _count(model, lambda: model(*args)), _device_of(model, args)
         except Exception as exc:  # noqa: BLE001 - any failure of the user's forward is a bad-input error
             raise rejected(exc, args) from exc
-    assert seen is not None
+    (counter, seen), ran_on = result
     counts = counter.get_flop_counts()
     per_op = {str(op): flops // 2 for op, flops in counts.get("Global", {}).items()}
     registry = counter.flop_registry

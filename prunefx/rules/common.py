@@ -138,12 +138,8 @@ def reshape(ctx: Any, x: Any, out_shape: tuple[int, ...], sizes: list[tuple[Any,
         view[ii.index(i0)] = len(own)
         full = np.broadcast_to(own.reshape(view), [in_shape[i] for i in ii]).reshape([out_shape[j] for j in jj])
         varying = [p for p in range(len(jj)) if full.shape[p] > 1 and not (full == full.take([0], axis=p)).all()]
-        if not varying:
-            ones = [p for p in range(len(jj)) if full.shape[p] == 1]
-            if not ones:
-                ctx.freeze(own, "a reshape spreads one channel over many positions")
-                continue
-            varying = [ones[0]]
+        if not varying:  # one class spans the whole chunk: any piece can carry it
+            varying = [max(range(len(jj)), key=lambda p: (full.shape[p], p))]
         keep = max(varying, key=lambda p: (full.shape[p], p))
         others = [p for p in varying if p != keep]
         if others:

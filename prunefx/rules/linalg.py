@@ -6,6 +6,7 @@ import operator
 
 import numpy as np
 import torch
+import torch.fx as fx
 import torch.nn.functional as F
 
 from ..analysis.values import Lab
@@ -116,8 +117,11 @@ def norm_fn(ctx) -> Lab:
     for j, d in enumerate(range(lx.ndim - k, lx.ndim)):
         if lx.dims[d] is None:
             continue
-        # normalized_shape is a literal or module attribute we cannot rewrite from here: keep it.
-        ctx.freeze(lx.dims[d], "functional layer_norm with a fixed normalized_shape")
+        ctx.inexact(lx.dims[d], "layer_norm statistics mix channels")
+        if isinstance(shape, (list, tuple)) and not isinstance(shape[j], fx.Node):
+            ctx.constant(("args", 1, j), lx.dims[d])  # the literal normalized_shape follows the width
+        else:
+            ctx.freeze(lx.dims[d], "layer_norm with a computed normalized_shape")
     for t in tensors:
         lt = ctx.lab(t)
         for j in range(lt.ndim):

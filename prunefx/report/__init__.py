@@ -1,0 +1,21 @@
+"""Pruning-run reports: report.json (validated schema), report.md, PNG plots and a terminal table.
+
+>>> report = build_report(model="resnet50", baseline=Stage(m0, lat0, {"top1": 0.76}), pruned=Stage(m1, lat1))
+>>> write_report("runs/r50", report); render_table(load_report("runs/r50"))
+"""
+
+from .render import render_markdown, render_table
+from .report import SCHEMA, ReportError, Stage, SweepPoint, build_report, load_report, validate_report, write_report
+
+__all__ = [
+    "SCHEMA",
+    "ReportError",
+    "Stage",
+    "SweepPoint",
+    "build_report",
+    "load_report",
+    "render_markdown",
+    "render_table",
+    "validate_report",
+    "write_report",
+]

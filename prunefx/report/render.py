@@ -1,0 +1,131 @@
+"""Render a report dict for humans: markdown (report.md) and a rich Table for the terminal."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rich.table import Table
+
+from .plots import shared_metrics
+
+_COST_COLUMNS = ("GMACs", "GFLOPs", "params (M)", "size (MB)", "latency ms: median [p10, p90]", "batch", "threads")
+
+
+def _signed_pct(rel: float | None) -> str:
+    return "" if rel is None else f" ({rel * 100:+.1f}%)"
+
+
+def _abs_rel(delta: Mapping[str, Any] | None) -> str:
+    if delta is None:
+        return "-"
+    value = delta["abs"]
+    return (f"{value:+,}" if isinstance(value, int) else f"{value:+.4g}") + _signed_pct(delta["rel"])
+
+
+def _metric_names(stages: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    names: list[str] = []
+    for stage in stages.values():
+        names.extend(k for k in stage["metrics"] if k not in names)
+    return names
+
+
+def _row(stage: Mapping[str, Any], metrics: Sequence[str]) -> list[str]:
+    """Cells of one stage: costs with their relative change, metrics with their absolute change."""
+    delta = stage["delta"]
+
+    def cost(key: str, scale: float, fmt: str) -> str:
+        if stage[key] is None:
+            return "-"
+        return f"{stage[key] / scale:{fmt}}{_signed_pct(delta[key]['rel']) if key in delta else ''}"
+
+    lat = stage["latency"]
+    latency = "-"
+    if lat:
+        change = _signed_pct(delta["latency_median_ms"]["rel"]) if "latency_median_ms" in delta else ""
+        latency = f"{lat['median_ms']:.2f} [{lat['p10_ms']:.2f}, {lat['p90_ms']:.2f}]{change}"
+    cells = [
+        cost("macs", 1e9, ".3f"),
+        cost("flops", 1e9, ".3f"),
+        cost("params", 1e6, ".3f"),
+        cost("size_bytes", 1e6, ".2f"),
+        latency,
+        str(lat["batch_size"]) if lat else "-",
+        str(lat["threads"]) if lat else "-",
+    ]
+    for name in metrics:
+        value = stage["metrics"].get(name)
+        change = stage["metrics_delta"].get(name)
+        cells.append("-" if value is None else f"{value:.4g}" + (f" ({change['abs']:+.4g})" if change else ""))
+    return cells
+
+
+def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join("---" for _ in header) + "|",
+        *("| " + " | ".join(row) + " |" for row in rows),
+    ]
+
+
+def _changes_section(stages: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    changed = [(name, s) for name, s in stages.items() if s["delta"]]
+    if not changed:
+        return []
+    keys = list(dict.fromkeys(k for _, s in changed for k in s["delta"]))
+    rows = [[key, *(_abs_rel(s["delta"].get(key)) for _, s in changed)] for key in keys]
+    return ["## Change vs baseline", "", *_md_table(["quantity", *(n for n, _ in changed)], rows), ""]
+
+
+def _widths_section(widths: Sequence[Mapping[str, Any]]) -> list[str]:
+    if not widths:
+        return []
+    rows = [
+        [w["name"], str(w["before"]), str(w["after"]), f"{w['after'] / w['before']:.1%}" if w["before"] else "-"]
+        for w in widths
+    ]
+    return ["## Widths per group", "", *_md_table(["group", "before", "after", "kept"], rows), ""]
+
+
+def _sweep_section(sweep: Sequence[Mapping[str, Any]]) -> list[str]:
+    if not sweep:
+        return []
+    names = shared_metrics(sweep)
+    header = ["ratio", "GMACs", "GFLOPs", "params (M)", *names]
+    rows = [
+        [f"{p['ratio']:g}", f"{p['macs'] / 1e9:.3f}", f"{p['flops'] / 1e9:.3f}", f"{p['params'] / 1e6:.3f}",
+         *(f"{p['metrics'][n]:.4g}" for n in names)]
+        for p in sweep
+    ]  # fmt: skip
+    return ["## Sweep", "", *_md_table(header, rows), ""]
+
+
+def render_markdown(report: Mapping[str, Any], plots: Sequence[str] = ()) -> str:
+    """The human-readable report.md: results table, changes, widths, sweep, plots, conventions, machine."""
+    stages = report["stages"]
+    metrics = _metric_names(stages)
+    lines = [f"# Pruning report: {report['model']}", ""]
+    lines += [f"Created {report['created']} with prunefx {report['prunefx']}.", ""]
+    lines += _md_table(["stage", *_COST_COLUMNS, *metrics], [[name, *_row(s, metrics)] for name, s in stages.items()])
+    lines += ["", "Costs show the relative change vs baseline in parentheses, metrics the absolute change.", ""]
+    lines += _changes_section(stages) + _widths_section(report["widths"]) + _sweep_section(report["sweep"])
+    lines += [f"![{name.removesuffix('.png')}]({name})" for name in plots] + ([""] if plots else [])
+    lines += ["## Conventions", "", *(f"- **{k}**: {v}" for k, v in report["conventions"].items())]
+    lines += ["", "## Machine", "", *(f"- {k}: {v}" for k, v in report["machine"].items())]
+    if report["settings"]:
+        lines += ["", "## Settings", "", "```json", json.dumps(report["settings"], indent=2), "```"]
+    return "\n".join(lines) + "\n"
+
+
+def render_table(report: Mapping[str, Any]) -> Table:
+    """A rich Table of the stages (costs with relative change, metrics with absolute change)."""
+    stages = report["stages"]
+    metrics = _metric_names(stages)
+    table = Table(title=f"prunefx: {report['model']}", caption="FLOPs = 2 x MACs; (x%) = change vs baseline")
+    table.add_column("stage", style="bold")
+    for column in (*_COST_COLUMNS, *metrics):
+        table.add_column(column, justify="right")
+    for name, stage in stages.items():
+        table.add_row(name, *_row(stage, metrics))
+    return table

@@ -6,6 +6,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 import torch.fx as fx
 from torch import nn
@@ -42,7 +43,9 @@ def analyze(
     # no tensor op, so nothing in the model changes, and each module's flag is restored afterwards.
     gm = model if isinstance(model, fx.GraphModule) else trace(model, example_inputs, leaves=leaves, training=True)
     shape_pass = propagate(gm, example_inputs)
-    state = Engine(gm, registry).run()
+    engine = Engine(gm, registry)
+    state = engine.run()
+    _tie_shared_tensors(gm, state)
     grouping = build_groups(state)
     seconds = time.perf_counter() - t0
     return DependencyGraph(
@@ -55,7 +58,34 @@ def analyze(
         model_name=type(model).__name__,
         seconds=seconds,
         shape_pass=shape_pass,
+        atoms=state.atoms,
+        node_labels={n.name: v for n, v in engine.env.items()},
+        input_shapes=tuple(tuple(x.shape) for x in example_inputs if isinstance(x, torch.Tensor)),
     )
+
+
+def _tie_shared_tensors(gm: fx.GraphModule, state) -> None:
+    """A tensor reachable under two names (tied weights) is one tensor: slice it once, consistently."""
+    owner: dict[int, str] = {}
+    alias: dict[str, str] = {}
+    for name, t in (*gm.named_parameters(remove_duplicate=False), *gm.named_buffers(remove_duplicate=False)):
+        first = owner.setdefault(id(t), name)
+        if first != name:
+            alias[name] = first
+    if not alias:
+        return
+    by_key = {}
+    for (kind, name, role), rec in list(state.records.items()):
+        if kind != "param":
+            continue
+        canon = alias.get(name, name)
+        prev = by_key.get((canon, role))
+        if prev is None:
+            by_key[(canon, role)] = rec
+        elif len(prev.atoms) == len(rec.atoms):
+            state.atoms.union(prev.atoms, rec.atoms, f"tied tensor {canon}")
+        else:
+            state.atoms.freeze(np.concatenate([prev.atoms, rec.atoms]), f"tied tensor {canon} used with different shapes")
 
 
 __all__ = ["analyze", "DependencyGraph", "Group", "Member"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Any
 import numpy as np
 import torch.fx as fx
 
+from ..atoms import AtomTable
 from .groups import Group
 
 SCHEMA_VERSION = 1
@@ -28,6 +30,18 @@ class DependencyGraph:
     model_name: str
     seconds: float
     shape_pass: str
+    atoms: AtomTable = field(repr=False)
+    node_labels: dict[str, Any] = field(repr=False)  # fx node name -> Lab / SizeRef / structure of them
+    input_shapes: tuple[tuple[int, ...], ...] = ()
+
+    def fingerprint(self) -> str:
+        """Identifies the group structure, so a plan is never applied to a different model."""
+        h = hashlib.sha256()
+        for g in self.groups:
+            h.update(f"{g.id}:{g.channels}:{g.prunable}:".encode())
+            for m in g.members:
+                h.update(f"{m.kind}/{m.name}/{m.role}/{len(m.index)};".encode())
+        return h.hexdigest()[:16]
 
     @property
     def prunable(self) -> list[Group]:

@@ -1,0 +1,319 @@
+"""Channel importance: one score per group channel (higher = keep), aggregated over every group member.
+
+A group's channels are removed together from every layer they touch, so a channel is scored from all
+of its members at once: every BatchNorm it passes, every weight slice that would be cut with it.
+
+>>> dg = prunefx.analyze(model, torch.randn(1, 3, 224, 224))
+>>> s = score(model, dg, "bn_scale")      # network slimming; l2 where a group has no BatchNorm
+>>> s.values[g.id], s.used[g.id]          # (array of g.channels scores, "bn_scale")
+
+New criteria plug in with ``@register_criterion("name")`` on ``fn(ctx, group) -> np.ndarray | None``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from .analysis.groups import Group, Member
+from .errors import PrunefxError
+
+if TYPE_CHECKING:
+    from .analysis.graph import DependencyGraph
+
+Criterion = Callable[["ScoreContext", Group], "np.ndarray | None"]
+
+CRITERIA: dict[str, Criterion] = {}
+_NOT_APPLICABLE: dict[str, str] = {}  # criterion name -> why it may return None (shown in Scores.used)
+
+
+def register_criterion(name: str, *, not_applicable: str = "criterion does not apply") -> Callable[[Criterion], Criterion]:
+    """Register ``fn(ctx, group)``; ``not_applicable`` says why it returns None, e.g. "no BatchNorm in group".
+
+    >>> @register_criterion("gamma_sq", not_applicable="no BatchNorm in group")
+    ... def gamma_sq(ctx, group): ...
+    """
+
+    def deco(fn: Criterion) -> Criterion:
+        CRITERIA[name] = fn
+        _NOT_APPLICABLE[name] = not_applicable
+        return fn
+
+    return deco
+
+
+@dataclass(frozen=True)
+class Scores:
+    """Per-group channel scores and, per group, which criterion produced them."""
+
+    values: dict[int, np.ndarray]  # group id -> one float64 per channel
+    used: dict[int, str]  # group id -> "bn_scale" | "l2 (fallback: no BatchNorm in group)" | "none: ..."
+
+
+@dataclass(frozen=True)
+class ScoreContext:
+    """What a criterion sees: the model, the groups being scored and cached per-tensor reductions."""
+
+    model: nn.Module
+    dg: DependencyGraph
+    groups: tuple[Group, ...]
+    calibration: Iterable[tuple[Any, Any]] | None = None
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None = None
+    seed: int = 0
+    _cache: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def module(self, name: str) -> nn.Module:
+        return self.model.get_submodule(name)
+
+    def parameter(self, name: str) -> nn.Parameter | None:
+        """The parameter ``name``, or None for a buffer (running stats are statistics, not weights)."""
+        if "params" not in self._cache:
+            self._cache["params"] = dict(self.model.named_parameters(remove_duplicate=False))
+        return self._cache["params"].get(name)
+
+    def slice_norms(self, name: str, dim: int, p: int) -> np.ndarray:
+        """L``p`` norm of every slice of parameter ``name`` along ``dim`` (all its dims in one pass)."""
+        key = ("norms", name, p)
+        if key not in self._cache:
+            with torch.no_grad():
+                sums = _dim_sums(self.parameter(name).detach(), self._dims()[name], p)
+            self._cache[key] = {d: _numpy(s) ** (1.0 / p) for d, s in sums.items()}
+        return self._cache[key][dim]
+
+    def abs_gamma(self, module: str) -> np.ndarray:
+        key = ("gamma", module)
+        if key not in self._cache:
+            self._cache[key] = _numpy(self.module(module).weight.detach().abs())
+        return self._cache[key]
+
+    def taylor_terms(self, name: str, dim: int) -> np.ndarray:
+        """sum(w * dL/dw) of every slice of parameter ``name`` along ``dim``, one row per calibration batch."""
+        if "taylor" not in self._cache:
+            self._cache["taylor"] = self._taylor()
+        return self._cache["taylor"][name][dim]
+
+    def _dims(self) -> dict[str, set[int]]:
+        """Every dim of every parameter that the scored groups slice."""
+        if "dims" not in self._cache:
+            dims: dict[str, set[int]] = {}
+            for g in self.groups:
+                for m in g.members:
+                    if m.kind == "param" and self.parameter(m.name) is not None:
+                        dims.setdefault(m.name, set()).add(_dim(m))
+            self._cache["dims"] = dims
+        return self._cache["dims"]
+
+    def _taylor(self) -> dict[str, dict[int, np.ndarray]]:
+        if self.calibration is None or self.loss_fn is None:
+            raise PrunefxError("criterion 'taylor' needs calibration=[(inputs, targets), ...] and loss_fn(outputs, targets)")
+        params = {n: self.parameter(n) for n in self._dims()}
+        every = list(self.model.parameters())
+        wants = [p.requires_grad for p in every]
+        modes = [(m, m.training) for m in self.model.modules()]
+        rows: dict[str, dict[int, list[np.ndarray]]] = {n: {d: [] for d in ds} for n, ds in self._dims().items()}
+        device = every[0].device if every else torch.device("cpu")
+        batches = 0
+        # Eval mode: BatchNorm must not fold calibration batches into its running statistics.
+        # autograd.grad returns the gradients without accumulating them into .grad.
+        self.model.eval()
+        try:
+            for p in params.values():
+                p.requires_grad_(True)  # frozen layers are scored too
+            for inputs, targets in self.calibration:
+                with torch.enable_grad():
+                    loss = self.loss_fn(_call(self.model, _to(inputs, device)), _to(targets, device))
+                    grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
+                with torch.no_grad():
+                    for (name, p), g in zip(params.items(), grads):
+                        prod = p.detach() * g if g is not None else torch.zeros_like(p)
+                        for d, s in _dim_sums(prod, rows[name].keys(), None).items():
+                            rows[name][d].append(_numpy(s))
+                batches += 1
+        finally:
+            for p, w in zip(every, wants):
+                p.requires_grad_(w)
+            for m, t in modes:
+                m.training = t
+        if batches == 0:
+            raise PrunefxError("criterion 'taylor': calibration yielded no batch")
+        return {n: {d: np.stack(v) for d, v in ds.items()} for n, ds in rows.items()}
+
+
+def score(
+    model: nn.Module,
+    dg: DependencyGraph,
+    criterion: str = "bn_scale",
+    *,
+    groups: Sequence[Group | int] | None = None,
+    fallback: str | None = "l2",
+    calibration: Iterable[tuple[Any, Any]] | None = None,
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
+    seed: int = 0,
+) -> Scores:
+    """Score every channel of ``groups`` (default: the prunable ones) with ``criterion``, else ``fallback``.
+
+    >>> score(model, dg, "taylor", calibration=[(x, y)], loss_fn=torch.nn.functional.cross_entropy)
+    """
+    fn, fb = _lookup(criterion), _lookup(fallback) if fallback is not None else None
+    by_id = {g.id: g for g in dg.groups}
+    chosen = tuple(dg.prunable if groups is None else (by_id[g] if isinstance(g, int) else g for g in groups))
+    ctx = ScoreContext(model, dg, chosen, calibration, loss_fn, seed)
+    values: dict[int, np.ndarray] = {}
+    used: dict[int, str] = {}
+    for g in chosen:
+        v, label = fn(ctx, g), criterion
+        if v is None:
+            why = _NOT_APPLICABLE[criterion]
+            v = fb(ctx, g) if fb is not None else None
+            label = f"{fallback} (fallback: {why})" if v is not None else f"none: {why}"
+            if v is None and fb is not None:
+                label += f"; {fallback}: {_NOT_APPLICABLE[fallback]}"
+        used[g.id] = label
+        if v is not None:
+            v = np.asarray(v, dtype=np.float64)
+            if v.shape != (g.channels,):
+                raise PrunefxError(f"criterion {label!r} returned shape {v.shape} for group {g.id}, expected ({g.channels},)")
+            values[g.id] = v
+    return Scores(values, used)
+
+
+def _lookup(name: str) -> Criterion:
+    if name not in CRITERIA:
+        raise PrunefxError(f"unknown importance criterion {name!r}; known: {', '.join(sorted(CRITERIA))}")
+    return CRITERIA[name]
+
+
+# ---- criteria ------------------------------------------------------------------------------------
+
+
+@register_criterion("bn_scale", not_applicable="no BatchNorm in group")
+def bn_scale(ctx: ScoreContext, group: Group) -> np.ndarray | None:
+    """|gamma| averaged over every affine BatchNorm of the group (network slimming, Liu et al. 2017)."""
+    rows = [
+        _channel_mean(ctx.abs_gamma(m.name)[m.index], m.offsets)
+        for m in group.members
+        if m.kind == "module" and m.role == "channel" and _is_affine_bn(ctx.module(m.name))
+    ]
+    return np.mean(rows, axis=0) if rows else None
+
+
+@register_criterion("l1", not_applicable="no weight parameter in group")
+def l1(ctx: ScoreContext, group: Group) -> np.ndarray | None:
+    """Mean over weight members of each channel's slice L1 norm, normalised per member (see ``_magnitude``)."""
+    return _magnitude(ctx, group, 1)
+
+
+@register_criterion("l2", not_applicable="no weight parameter in group")
+def l2(ctx: ScoreContext, group: Group) -> np.ndarray | None:
+    """Mean over weight members of each channel's slice L2 norm, normalised per member (see ``_magnitude``)."""
+    return _magnitude(ctx, group, 2)
+
+
+@register_criterion("taylor", not_applicable="no trainable parameter in group")
+def taylor(ctx: ScoreContext, group: Group) -> np.ndarray | None:
+    """|sum over the channel's parameter slices of w * dL/dw|, averaged over calibration batches.
+
+    The sum is the first-order change in loss when all of the channel's parameters (biases included:
+    they go with the channel) are zeroed (Molchanov et al. 2019). Its absolute value is taken per batch
+    before averaging, because at a trained model the full-data gradient is near zero and summing the
+    batches first would cancel the signal.
+    """
+    terms = [
+        _channel_sum(ctx.taylor_terms(m.name, _dim(m))[:, m.index], m.offsets)
+        for m in group.members
+        if m.kind == "param" and ctx.parameter(m.name) is not None
+    ]
+    return np.abs(np.sum(terms, axis=0)).mean(axis=0) if terms else None
+
+
+@register_criterion("random")
+def random_scores(ctx: ScoreContext, group: Group) -> np.ndarray:
+    """Uniform noise seeded by (seed, group id): the control any criterion must beat."""
+    return np.random.default_rng([ctx.seed, group.id]).random(group.channels)
+
+
+def _magnitude(ctx: ScoreContext, group: Group, p: int) -> np.ndarray | None:
+    """Weight-magnitude score shared by l1 and l2.
+
+    Each weight member's slice norms are divided by their mean over the member's positions, so a
+    consumer conv with 9x more inputs per slice or a BatchNorm gamma near 1 weighs the same as the
+    producer conv. Biases and buffers are left out: a bias shifts a channel rather than scaling it
+    (after BatchNorm a conv has none), one scalar would weigh as much as a whole filter after the
+    normalisation, and running statistics measure activations, not weights.
+    """
+    rows = []
+    for m in group.members:
+        if m.kind != "param" or _is_bias(m.name) or ctx.parameter(m.name) is None:
+            continue
+        v = ctx.slice_norms(m.name, _dim(m), p)[m.index]
+        mean = v.mean()
+        rows.append(_channel_mean(v / mean if mean > 0 else v, m.offsets))
+    return np.mean(rows, axis=0) if rows else None
+
+
+# ---- helpers -------------------------------------------------------------------------------------
+
+
+def _dim(m: Member) -> int:
+    return int(m.role.removeprefix("dim"))
+
+
+def _is_bias(name: str) -> bool:
+    return "bias" in name.rsplit(".", 1)[-1]  # bias, in_proj_bias, bias_k ...
+
+
+def _is_affine_bn(module: nn.Module) -> bool:
+    return isinstance(module, _BatchNorm) and module.weight is not None
+
+
+def _channel_sum(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Sum over each channel's positions ``values[..., offsets[k]:offsets[k + 1]]`` (last axis)."""
+    c = np.concatenate([np.zeros(values.shape[:-1] + (1,)), np.cumsum(values, axis=-1)], axis=-1)
+    return c[..., offsets[1:]] - c[..., offsets[:-1]]
+
+
+def _channel_mean(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    return _channel_sum(values, offsets) / np.maximum(np.diff(offsets), 1)
+
+
+def _dim_sums(x: torch.Tensor, dims: Iterable[int], p: int | None) -> dict[int, torch.Tensor]:
+    """Per dim d in ``dims``: sum of |x|^p (of x itself when p is None) over each slice x.select(d, i).
+
+    The dims no one asks for are reduced first, in one pass over x (a conv weight becomes a small
+    out x in matrix), so a weight sliced along both dims costs one pass, not two.
+    """
+    keep = sorted(dims)
+    rest = [d for d in range(x.dim()) if d not in keep]
+    if p is None:
+        part = x.sum(rest) if rest else x
+    else:
+        part = torch.linalg.vector_norm(x, ord=p, dim=rest).pow(p) if rest else x.abs().pow(p)
+    return {d: part.sum([j for j in range(len(keep)) if j != i]) if len(keep) > 1 else part for i, d in enumerate(keep)}
+
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    return t.detach().to("cpu", torch.float64).numpy()
+
+
+def _call(model: nn.Module, inputs: Any) -> Any:
+    if isinstance(inputs, dict):
+        return model(**inputs)
+    if isinstance(inputs, (tuple, list)):
+        return model(*inputs)
+    return model(inputs)
+
+
+def _to(x: Any, device: torch.device) -> Any:
+    if isinstance(x, torch.Tensor):
+        return x.to(device)
+    if isinstance(x, (tuple, list)):
+        return type(x)(_to(v, device) for v in x)
+    if isinstance(x, dict):
+        return {k: _to(v, device) for k, v in x.items()}
+    return x

@@ -188,7 +188,9 @@ def trace(
                 auto[culprit] = f"{type(exc).__name__} at {where}"
     name = type(model).__name__
     gm = fx.GraphModule(tracer.root, graph, name)
-    gm.meta[META_KEY] = {"auto_leaves": auto, "training": training}
+    own = {n for n, _ in (*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False))}
+    lifted = sorted(n for n, _ in gm.named_buffers() if n not in own)  # torch.tensor(...) constants in forward
+    gm.meta[META_KEY] = {"auto_leaves": auto, "training": training, "lifted_constants": lifted}
     return gm
 
 

@@ -16,13 +16,15 @@ from typing import Any
 import numpy as np
 import torch
 import torch.fx as fx
+import torch.nn.functional as F
 from torch import nn
+from torchvision.ops.stochastic_depth import stochastic_depth
 from torch.utils._pytree import tree_flatten
 
 from .analysis import analyze
 from .analysis.graph import DependencyGraph
 from .analysis.values import Lab
-from .plan import PruningPlan
+from .plan import PlanError, PruningPlan
 from .rewrite import keep_by_root, kept_positions, validate_plan
 from .trace import trace, training_mode
 
@@ -41,10 +43,22 @@ class VerifyResult:
     message: str
 
 
-class _Masked(fx.Interpreter):
-    def __init__(self, gm: fx.GraphModule, masks: dict[str, list[tuple[int, torch.Tensor]]]) -> None:
+# Functions that the training-mode graph calls with ``training=True`` baked in: under verification they
+# act as in eval mode (identity), so both runs are deterministic and comparable.
+_TRAIN_ONLY = {F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout, F.feature_alpha_dropout, stochastic_depth}
+
+
+class _EvalGraph(fx.Interpreter):
+    """Runs a training-mode graph with eval semantics, optionally zeroing pruned channels after each node."""
+
+    def __init__(self, gm: fx.GraphModule, masks: dict[str, Any] | None = None) -> None:
         super().__init__(gm)
-        self.masks = masks
+        self.masks = masks or {}
+
+    def call_function(self, target: Any, args: tuple, kwargs: dict) -> Any:
+        if target in _TRAIN_ONLY:
+            return args[0] if args else kwargs["input"]
+        return super().call_function(target, args, kwargs)
 
     def run_node(self, n: fx.Node) -> Any:
         out = super().run_node(n)
@@ -113,7 +127,7 @@ def masked_outputs(original: nn.Module, dg: DependencyGraph, plan: PruningPlan, 
     """Outputs of the original model's graph with every pruned channel zeroed wherever it appears."""
     validate_plan(dg, plan, graph_rewrite=True)
     with training_mode(dg.gm, False), torch.no_grad():
-        return _outputs(_Masked(dg.gm, _mask_specs(dg, plan)).run(*example_inputs))
+        return _outputs(_EvalGraph(dg.gm, _mask_specs(dg, plan)).run(*example_inputs))
 
 
 def verify(
@@ -133,11 +147,13 @@ def verify(
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
     example_inputs = tuple(example_inputs)
+    if dg is not None and not _shares_weights(dg.gm, original):
+        raise PlanError("dg must be the analysis of `original` (the unpruned copy), not of the pruned model")
     dg = dg or analyze(original, example_inputs)
     reference = masked_outputs(original, dg, plan, example_inputs)
     gm = trace(pruned, example_inputs, training=True)
     with training_mode(gm, False), torch.no_grad():
-        got = _outputs(gm(*example_inputs))
+        got = _outputs(_EvalGraph(gm).run(*example_inputs))
     errors = tuple(_rel(a, b) for a, b in zip(reference, got)) if len(reference) == len(got) else (float("inf"),)
     inexact = tuple(gp.group for gp in plan.pruned if not dg.groups[gp.group].exact)
     runs_eval, runs_train = _runs(original, pruned, example_inputs)
@@ -151,6 +167,11 @@ def verify(
     else:
         msg = f"max relative error {worst:.3g} over {len(errors)} output(s) (rtol {rtol})"
     return VerifyResult(bool(ok), exact, float(worst), errors, inexact, runs_eval, runs_train, msg)
+
+
+def _shares_weights(gm: nn.Module, model: nn.Module) -> bool:
+    mine = {id(t) for t in model.parameters()}
+    return all(id(t) in mine for t in gm.parameters())
 
 
 def _runs(original: nn.Module, pruned: nn.Module, example_inputs: tuple) -> tuple[bool, bool]:

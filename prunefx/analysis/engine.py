@@ -192,6 +192,10 @@ class Engine:
         self.state = EngineState()
         self.env: dict[fx.Node, Any] = {}
         self.modules = dict(gm.named_modules())
+        lifted = set(gm.meta.get("prunefx", {}).get("lifted_constants", ()))
+        self.tensors = {
+            n for n, _ in (*gm.named_parameters(remove_duplicate=False), *gm.named_buffers(remove_duplicate=False))
+        } - lifted
 
     def run(self) -> EngineState:
         for node in self.gm.graph.nodes:
@@ -225,6 +229,8 @@ class Engine:
     def _get_attr(self, node: fx.Node, val: Any) -> Any:
         if not isinstance(val, torch.Tensor):
             return val
+        if str(node.target) not in self.tensors:  # a constant fx lifted out of forward (torch.tensor(...))
+            return Lab.none(val.dim())
         # A parameter/buffer read in forward is a producer along each of its dims: its positions are
         # sliced exactly when the channels it meets are (a learned pos-embedding, a layer scale).
         dims = []

@@ -1,0 +1,225 @@
+"""Network-slimming sparsity training: an L1 penalty on BatchNorm gammas for any training loop.
+
+>>> sp = BNSparsity(model, s=1e-4).attach(optimizer)  # then train as usual
+>>> sched = TargetSparsity(target=0.5, total_steps=epochs * len(loader))
+>>> sp = BNSparsity(model, exclude=residual_bns(dg), schedule=sched).attach(optimizer)
+>>> log(sparsity_stats(model))
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+import torch
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+from torch.nn.modules.conv import _ConvNd
+from torch.utils.hooks import RemovableHandle
+
+from ..errors import PrunefxError
+
+if TYPE_CHECKING:
+    from ..analysis.graph import DependencyGraph
+
+
+class Schedule(Protocol):
+    """Chooses the penalty strength for the next optimizer step from the current one and the gammas."""
+
+    def __call__(self, step: int, s: float, gammas: Sequence[torch.Tensor]) -> float: ...
+
+
+class BNSparsity:
+    """Adds ``s * sign(gamma)`` to the gradient of every selected BatchNorm weight inside ``optimizer.step()``.
+
+    The term is added by an optimizer step *pre-hook*, i.e. after everything a training loop does to
+    the gradients before stepping: ``clip_grad_norm_``, ``GradScaler.unscale_`` (``scaler.step`` calls
+    ``optimizer.step`` only after unscaling, and skips it, hook included, on inf/nan). Adding the L1 term
+    to ``.grad`` right after ``backward()`` instead would put it under the clip: ultralytics clips to norm
+    10 while a detector's gradient norm is in the hundreds, which would shrink the penalty ~25x, and
+    differently every step. Here it is exactly ``s * sign(gamma)``.
+
+    ``modules``: names of the BatchNorms to penalise (default: every affine BatchNorm); ``exclude``:
+    names or fnmatch patterns to leave out, e.g. ``residual_bns(dg)`` or ``"model.22.*"``.
+    ``s`` is the strength, or the starting strength when a ``schedule`` adapts it every step.
+
+    >>> sp = BNSparsity(model, s=1e-4).attach(optimizer)
+    >>> ...; sp.detach()
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        s: float = 1e-4,
+        *,
+        modules: Iterable[str] | None = None,
+        exclude: Iterable[str] = (),
+        schedule: Schedule | None = None,
+    ) -> None:
+        self.modules = _select_bns(model, modules, exclude)
+        self.gammas = [bn.weight for bn in self.modules.values() if bn.weight.requires_grad]
+        self.schedule = schedule
+        self.steps = 0
+        self._s = float(s)
+        self._handle: RemovableHandle | None = None
+
+    @property
+    def step_s(self) -> float:
+        """The strength the next optimizer step adds."""
+        return self._s
+
+    def attach(self, optimizer: torch.optim.Optimizer) -> BNSparsity:
+        if self._handle is not None:
+            raise PrunefxError("BNSparsity is already attached; call detach() first")
+        self._handle = optimizer.register_step_pre_hook(self._pre_step)
+        return self
+
+    def detach(self) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+
+    def _pre_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        with torch.no_grad():
+            if self.schedule is not None:
+                self._s = float(self.schedule(self.steps, self._s, self.gammas))
+            for g in self.gammas:
+                # A gamma without a gradient this step (unused branch) is still pulled towards zero.
+                if g.grad is None:
+                    g.grad = torch.zeros_like(g)
+            if self.gammas:
+                torch._foreach_add_([g.grad for g in self.gammas], torch._foreach_sign(self.gammas), alpha=self._s)
+        self.steps += 1
+
+
+@dataclass(kw_only=True)
+class TargetSparsity:
+    """Adapt ``s`` so that a ``target`` fraction of the gammas is below ``threshold`` by ``total_steps``.
+
+    The controlled signal is the ``target``-quantile of |gamma|: the fraction below ``threshold`` reaches
+    ``target`` exactly when that quantile reaches ``threshold``. The fraction itself stays 0 until gammas
+    arrive near the threshold and then jumps, so a controller on it winds ``s`` up and overshoots
+    (on digits it drove every channel to zero); the quantile moves from the first step. Its plan falls
+    geometrically from the value at the first step to ``threshold`` over the first ``reach`` of training,
+    then holds. Every ``every`` steps ``s`` is multiplied by ``exp(gain * clip(log(measured / planned), ±1))``
+    within [s_min, s_max]. ``relative``: threshold is a fraction of each layer's largest |gamma|.
+    Holds one piece of state, the quantile at the first step, so use one instance per run.
+
+    >>> TargetSparsity(target=0.5, total_steps=epochs * len(loader))
+    """
+
+    target: float = 0.5
+    total_steps: int
+    threshold: float = 1e-2
+    relative: bool = False
+    reach: float = 0.8
+    ramp: Literal["linear", "cosine"] = "linear"
+    gain: float = 0.5
+    every: int = 10
+    s_min: float = 1e-6
+    s_max: float = 1e-1
+    _start: float | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.target < 1:
+            raise PrunefxError(f"TargetSparsity target must be in (0, 1), got {self.target}")
+        if self.total_steps < 1 or self.every < 1:
+            raise PrunefxError("TargetSparsity total_steps and every must be positive")
+
+    def planned(self, step: int) -> float:
+        """The |gamma| the plan wants at the ``target`` quantile at ``step`` (after the first call)."""
+        x = min(1.0, step / max(1.0, self.reach * self.total_steps))
+        x = x if self.ramp == "linear" else (1 - math.cos(math.pi * x)) / 2
+        start = self._start if self._start is not None else self.threshold
+        return (1 - x) * start + x * self.threshold
+
+    def __call__(self, step: int, s: float, gammas: Sequence[torch.Tensor]) -> float:
+        if step % self.every or not gammas:
+            return s
+        q = max(_quantile(gammas, self.target, self.relative), 1e-12)
+        if self._start is None:
+            self._start = max(q, self.threshold)
+        err = min(1.0, max(-1.0, math.log(q / self.planned(step))))
+        return min(self.s_max, max(self.s_min, s * math.exp(self.gain * err)))
+
+
+def fraction_below(gammas: Sequence[torch.Tensor], threshold: float, *, relative: bool = False) -> float:
+    """Fraction of all entries with |gamma| < threshold (times the layer's max |gamma| when relative)."""
+    return float((_abs(gammas, relative) < threshold).float().mean()) if gammas else 0.0
+
+
+def _abs(gammas: Sequence[torch.Tensor], relative: bool) -> torch.Tensor:
+    """All |gamma| in one flat float tensor, each layer divided by its largest when relative."""
+    with torch.no_grad():
+        a = [g.detach().abs().flatten().float() for g in gammas]
+        return torch.cat([x / x.max().clamp_min(1e-12) for x in a] if relative else a)
+
+
+def _quantile(gammas: Sequence[torch.Tensor], q: float, relative: bool) -> float:
+    a = _abs(gammas, relative)
+    return float(a.kthvalue(max(1, math.ceil(q * a.numel()))).values)
+
+
+def sparsity_stats(
+    model: nn.Module,
+    modules: Iterable[str] | None = None,
+    *,
+    thresholds: Sequence[float] = (1e-3, 1e-2, 1e-1),
+    quantiles: Sequence[float] = (0.1, 0.25, 0.5, 0.75, 0.9),
+) -> dict[str, float]:
+    """Flat, loggable summary of |gamma| over the selected BatchNorms (default: every affine one).
+
+    >>> sparsity_stats(model)
+    {'bn_channels': 4800.0, 'below_0.001': 0.02, 'below_0.01': 0.31, ..., 'q0.5': 0.2, 'max': 1.3}
+    """
+    gammas = [bn.weight for bn in _select_bns(model, modules).values()]
+    stats = {"bn_channels": float(sum(g.numel() for g in gammas))}
+    if not gammas:
+        return stats
+    stats |= {f"below_{t:g}": fraction_below(gammas, t) for t in thresholds}
+    a = _abs(gammas, relative=False)
+    q = torch.quantile(a, torch.tensor(list(quantiles), dtype=a.dtype, device=a.device)).tolist()
+    return stats | {f"q{p:g}": v for p, v in zip(quantiles, q)} | {"max": float(a.max())}
+
+
+def _select_bns(model: nn.Module, modules: Iterable[str] | None = None, exclude: Iterable[str] = ()) -> dict[str, _BatchNorm]:
+    """Affine BatchNorms by name: ``modules`` (default all) minus names matching ``exclude`` patterns."""
+    patterns = [exclude] if isinstance(exclude, str) else list(exclude)
+    modules = [modules] if isinstance(modules, str) else modules
+    if modules is None:
+        chosen = {n: m for n, m in model.named_modules() if _is_affine_bn(m)}
+    else:
+        chosen = {}
+        for n in modules:
+            m = model.get_submodule(n)
+            if not _is_affine_bn(m):
+                raise PrunefxError(f"{n!r} is a {type(m).__name__}, not a BatchNorm with a learnable weight")
+            chosen[n] = m
+    return {n: m for n, m in chosen.items() if not any(fnmatch.fnmatchcase(n, p) for p in patterns)}
+
+
+def residual_bns(dg: DependencyGraph) -> list[str]:
+    """BatchNorms whose channels are summed with another conv/linear's output (residual-coupled).
+
+    Such a group is produced by several layers, so a gamma driven to zero does not remove the channel's
+    signal; users often exclude them: ``BNSparsity(model, exclude=residual_bns(dg))``. A depthwise conv
+    (in and out in the same group) passes its group's channels through and does not count as a producer.
+    """
+    names: list[str] = []
+    for g in dg.groups:
+        mods = [m for m in g.members if m.kind == "module"]
+        inputs = {m.name for m in mods if m.role == "in"}
+        producers = [
+            m.name for m in mods
+            if m.role == "out" and m.name not in inputs and isinstance(dg.gm.get_submodule(m.name), (_ConvNd, nn.Linear))
+        ]
+        if len(producers) > 1:
+            names += [m.name for m in mods if m.role == "channel" and isinstance(dg.gm.get_submodule(m.name), _BatchNorm)]
+    return list(dict.fromkeys(names))
+
+
+def _is_affine_bn(m: nn.Module) -> bool:
+    return isinstance(m, _BatchNorm) and m.weight is not None

@@ -311,8 +311,8 @@ def _factory(spec: str) -> nn.Module:
             hint = f" Did you mean {', '.join(close)}?" if close else ""
             raise SpecError(f"'{where}' has no attribute '{part}' (factory SPEC '{spec}').{hint}")
         obj = getattr(obj, part)
-    if not callable(obj):
-        raise SpecError(f"'{spec}' is a {type(obj).__name__}, not a callable that returns an nn.Module.")
+    if isinstance(obj, nn.Module) or not callable(obj):  # a module instance is callable, but calling runs forward
+        raise SpecError(f"'{spec}' is a {type(obj).__name__} object; name a function that returns a new nn.Module.")
     try:
         model = obj()
     except Exception as exc:  # noqa: BLE001 - the user's factory raised

@@ -141,6 +141,8 @@ class Ctx:
         for x in _flatten(what) if not isinstance(what, np.ndarray) else [what]:
             if isinstance(x, Lab):
                 x = x.atoms()
+            elif isinstance(x, SizeRef) and x.sources:  # a channel count flowing into an opaque op
+                x = np.concatenate(x.sources)
             if isinstance(x, np.ndarray):
                 self.state.atoms.freeze(x, f"{reason} ({self.where()})")
 

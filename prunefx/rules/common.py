@@ -153,7 +153,17 @@ def reshape(ctx: Any, x: Any, out_shape: tuple[int, ...], sizes: list[tuple[Any,
         if sizes is not None:
             ref, path = sizes[j]
             check_size(ctx, ref, dims[j], own, path)
+    if sizes is not None:
+        for j, (ref, _) in enumerate(sizes):
+            if dims[j] is None:
+                fixed_size(ctx, ref)
     return Lab(tuple(dims))
+
+
+def fixed_size(ctx: Any, ref: Any) -> None:
+    """A size read from channel dims sets a dim that is never sliced: those channels must stay."""
+    if isinstance(ref, SizeRef) and ref.sources:
+        ctx.freeze(np.concatenate(ref.sources), "its channel count sizes a dim that is not pruned")
 
 
 def size_args(ctx: Any, first: int) -> list[tuple[Any, tuple | None]]:

@@ -99,14 +99,16 @@ class BNSparsity:
 class TargetSparsity:
     """Adapt ``s`` so that a ``target`` fraction of the gammas is below ``threshold`` by ``total_steps``.
 
-    The controlled signal is the ``target``-quantile of |gamma|: the fraction below ``threshold`` reaches
-    ``target`` exactly when that quantile reaches ``threshold``. The fraction itself stays 0 until gammas
-    arrive near the threshold and then jumps, so a controller on it winds ``s`` up and overshoots
-    (on digits it drove every channel to zero); the quantile moves from the first step. Its plan falls
-    geometrically from the value at the first step to ``threshold`` over the first ``reach`` of training,
-    then holds. Every ``every`` steps ``s`` is multiplied by ``exp(gain * clip(log(measured / planned), ±1))``
-    within [s_min, s_max]. ``relative``: threshold is a fraction of each layer's largest |gamma|.
-    Holds one piece of state, the quantile at the first step, so use one instance per run.
+    The controlled value is q, the ``target``-quantile of |gamma|: the fraction below ``threshold``
+    reaches ``target`` exactly when q reaches ``threshold``. (The fraction itself stays 0 until gammas
+    arrive near the threshold, then jumps: a controller on it winds ``s`` up and overshoots.) An L1
+    penalty moves gammas at a speed proportional to ``s``, so ``s`` steers q's speed: every ``every``
+    steps the measured speed v is compared with the speed that lands q on ``threshold`` at
+    ``reach * total_steps``, v* = (q - threshold) / steps left, and then holds it there; ``s`` is
+    multiplied by ``exp(gain * (v* - v) / (|v*| + |v|))``, within [s_min, s_max]. Steering speed rather
+    than q itself keeps the loop first order: no oscillation from the lag between ``s`` and the gammas.
+    ``relative``: threshold is a fraction of each layer's largest |gamma|. Holds the last measured q,
+    so use one instance per training run.
 
     >>> TargetSparsity(target=0.5, total_steps=epochs * len(loader))
     """
@@ -116,12 +118,11 @@ class TargetSparsity:
     threshold: float = 1e-2
     relative: bool = False
     reach: float = 0.8
-    ramp: Literal["linear", "cosine"] = "linear"
-    gain: float = 0.5
+    gain: float = 1.0
     every: int = 10
     s_min: float = 1e-6
     s_max: float = 1e-1
-    _start: float | None = field(default=None, init=False, repr=False)
+    _last: float | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not 0 < self.target < 1:
@@ -129,20 +130,16 @@ class TargetSparsity:
         if self.total_steps < 1 or self.every < 1:
             raise PrunefxError("TargetSparsity total_steps and every must be positive")
 
-    def planned(self, step: int) -> float:
-        """The |gamma| the plan wants at the ``target`` quantile at ``step`` (after the first call)."""
-        x = min(1.0, step / max(1.0, self.reach * self.total_steps))
-        x = x if self.ramp == "linear" else (1 - math.cos(math.pi * x)) / 2
-        start = self._start if self._start is not None else self.threshold
-        return (1 - x) * start + x * self.threshold
-
     def __call__(self, step: int, s: float, gammas: Sequence[torch.Tensor]) -> float:
         if step % self.every or not gammas:
             return s
-        q = max(_quantile(gammas, self.target, self.relative), 1e-12)
-        if self._start is None:
-            self._start = max(q, self.threshold)
-        err = min(1.0, max(-1.0, math.log(q / self.planned(step))))
+        q, last = _quantile(gammas, self.target, self.relative), self._last
+        self._last = q
+        if last is None:
+            return s
+        v = (last - q) / self.every
+        wanted = (q - self.threshold) / max(self.every, self.reach * self.total_steps - step)
+        err = (wanted - v) / max(abs(wanted) + abs(v), 1e-12)
         return min(self.s_max, max(self.s_min, s * math.exp(self.gain * err)))
 
 

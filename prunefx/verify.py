@@ -22,7 +22,9 @@ from torchvision.ops.stochastic_depth import stochastic_depth
 from torch.utils._pytree import tree_flatten
 
 from .analysis import analyze
+from .analysis.engine import _drop_keys
 from .analysis.graph import DependencyGraph
+from .integrations.outputs import default_free_outputs
 from .analysis.values import Lab
 from .plan import PlanError, PruningPlan
 from .rewrite import keep_by_root, kept_positions, validate_plan
@@ -111,8 +113,9 @@ def _mask_specs(dg: DependencyGraph, plan: PruningPlan) -> dict[str, Any]:
     return specs
 
 
-def _outputs(x: Any) -> list[torch.Tensor]:
-    return [t for t in tree_flatten(x)[0] if isinstance(t, torch.Tensor)]
+def _outputs(x: Any, free: tuple[str, ...] = ()) -> list[torch.Tensor]:
+    """Output tensors, without the entries whose width may change (``free_outputs``)."""
+    return [t for t in tree_flatten(_drop_keys(x, free))[0] if isinstance(t, torch.Tensor)]
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -127,7 +130,7 @@ def masked_outputs(original: nn.Module, dg: DependencyGraph, plan: PruningPlan, 
     """Outputs of the original model's graph with every pruned channel zeroed wherever it appears."""
     validate_plan(dg, plan, graph_rewrite=True)
     with training_mode(dg.gm, False), torch.no_grad():
-        return _outputs(_EvalGraph(dg.gm, _mask_specs(dg, plan)).run(*example_inputs))
+        return _outputs(_EvalGraph(dg.gm, _mask_specs(dg, plan)).run(*example_inputs), default_free_outputs(original))
 
 
 def verify(
@@ -153,7 +156,7 @@ def verify(
     reference = masked_outputs(original, dg, plan, example_inputs)
     gm = trace(pruned, example_inputs, training=True)
     with training_mode(gm, False), torch.no_grad():
-        got = _outputs(_EvalGraph(gm).run(*example_inputs))
+        got = _outputs(_EvalGraph(gm).run(*example_inputs), default_free_outputs(original))
     errors = tuple(_rel(a, b) for a, b in zip(reference, got)) if len(reference) == len(got) else (float("inf"),)
     inexact = tuple(gp.group for gp in plan.pruned if not dg.groups[gp.group].exact)
     runs_eval, runs_train = _runs(original, pruned, example_inputs)
@@ -177,13 +180,14 @@ def _shares_weights(gm: nn.Module, model: nn.Module) -> bool:
 def _runs(original: nn.Module, pruned: nn.Module, example_inputs: tuple) -> tuple[bool, bool]:
     """The pruned model's own forward works in eval and train mode with the original's output shapes."""
     results = []
+    free = default_free_outputs(original)
     for train in (False, True):
         a, b = copy.deepcopy(original), copy.deepcopy(pruned)  # train-mode forwards update BN stats
         a.train(train)
         b.train(train)
         try:
             with torch.no_grad():
-                oa, ob = _outputs(a(*example_inputs)), _outputs(b(*example_inputs))
+                oa, ob = _outputs(a(*example_inputs), free), _outputs(b(*example_inputs), free)
             results.append(len(oa) == len(ob) and all(x.shape == y.shape for x, y in zip(oa, ob)))
         except Exception:  # noqa: BLE001 - any failure of the pruned forward is the finding
             results.append(False)

@@ -16,6 +16,7 @@ from ..errors import PrunefxError
 from ..rules.registry import RULES, OpRegistry
 from ..shapes import propagate
 from ..trace import META_KEY, trace
+from ..integrations.outputs import default_free_outputs
 from .engine import Engine
 from .graph import DependencyGraph
 from .groups import Group, Member, build_groups
@@ -27,11 +28,15 @@ def analyze(
     *,
     leaves: Sequence[str] = (),
     registry: OpRegistry = RULES,
+    free_outputs: Sequence[str] | None = None,
 ) -> DependencyGraph:
     """Trace ``model`` (in training mode, flags restored), propagate shapes and group coupled channels.
 
     >>> dg = analyze(torchvision.models.resnet18(), torch.randn(1, 3, 224, 224))
     >>> print(dg.summary())
+
+    ``free_outputs``: names of dict entries in the model's output whose channel count may change (only
+    their shapes are read downstream); None uses the defaults registered for the model's type.
     """
     if not isinstance(model, nn.Module):
         raise PrunefxError(f"analyze expects a torch.nn.Module, got {type(model).__name__}")
@@ -43,7 +48,9 @@ def analyze(
     # no tensor op, so nothing in the model changes, and each module's flag is restored afterwards.
     gm = model if isinstance(model, fx.GraphModule) else trace(model, example_inputs, leaves=leaves, training=True)
     shape_pass = propagate(gm, example_inputs)
-    engine = Engine(gm, registry)
+    if free_outputs is None:
+        free_outputs = default_free_outputs(model)
+    engine = Engine(gm, registry, tuple(free_outputs))
     state = engine.run()
     _tie_shared_tensors(gm, state)
     grouping = build_groups(state)

@@ -105,6 +105,8 @@ class Ctx:
             return self.engine.env[a]
         if isinstance(a, (list, tuple)):
             return type(a)(self.aval(x) for x in a)
+        if isinstance(a, dict):
+            return {k: self.aval(v) for k, v in a.items()}
         return a
 
     def lab(self, a: Any) -> Lab:
@@ -188,8 +190,9 @@ class Ctx:
 class Engine:
     """Runs the rules over a shape-annotated GraphModule."""
 
-    def __init__(self, gm: fx.GraphModule, registry: OpRegistry = RULES) -> None:
+    def __init__(self, gm: fx.GraphModule, registry: OpRegistry = RULES, free_outputs: tuple[str, ...] = ()) -> None:
         self.gm = gm
+        self.free_outputs = free_outputs
         self.registry = registry
         self.state = EngineState()
         self.env: dict[fx.Node, Any] = {}
@@ -212,7 +215,7 @@ class Engine:
             return self._get_attr(node, val)
         if node.op == "output":
             ctx = Ctx(self, node, None)
-            ctx.freeze(ctx.aval(node.args[0]), "model output")
+            ctx.freeze(_drop_keys(ctx.aval(node.args[0]), self.free_outputs), "model output")
             return None
         module = self.modules.get(node.target) if node.op == "call_module" else None
         if node.op == "call_module":
@@ -256,6 +259,15 @@ class Engine:
         self.state.unknown[ctx.node.name] = desc
         ctx.freeze(labs, f"no rule for {desc}")
         return _unlabeled(val)
+
+
+def _drop_keys(out: Any, keys: tuple[str, ...]) -> Any:
+    """The output structure without dict entries named in ``keys`` (outputs whose width is free)."""
+    if isinstance(out, dict):
+        return {k: _drop_keys(v, keys) for k, v in out.items() if k not in keys}
+    if isinstance(out, (list, tuple)):
+        return [_drop_keys(v, keys) for v in out]
+    return out
 
 
 def _container(ctx: Ctx) -> Any:

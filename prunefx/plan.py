@@ -319,7 +319,10 @@ def make_plan(
     else:
         measure_fn = lambda masks: cost.params(masks) / cost.params_total  # noqa: E731
         goal, increasing = cfg.params, False
-    knob = _bisect(measure_fn, masks_for, goal, increasing, all_scores, cfg.scope)
+    if cfg.ratio is not None and cfg.scope == "local":
+        knob = cfg.ratio  # per-layer ratio: each group loses exactly this fraction (or its override)
+    else:
+        knob = _bisect(measure_fn, masks_for, goal, increasing, all_scores, cfg.scope)
     masks = masks_for(knob)
 
     groups = []

@@ -14,6 +14,7 @@ import shutil
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
@@ -33,6 +34,7 @@ MANIFEST = "manifest.json"
 GENERATOR_VERSION = 1
 _SPLITS = {"train": 0, "val": 1}
 _JPEG_QUALITY = 95
+Label = tuple[int, float, float, float, float]  # class, x_center, y_center, width, height (normalized)
 
 
 def make_shapes_dataset(
@@ -76,6 +78,7 @@ def make_shapes_dataset(
 
     root.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=root.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it private; the renamed dataset should read like any other directory
     try:
         _write_dataset(tmp, root, params)
         try:
@@ -89,7 +92,7 @@ def make_shapes_dataset(
     return root / "data.yaml"
 
 
-def _reusable(root: Path, params: dict) -> bool:
+def _reusable(root: Path, params: dict[str, Any]) -> bool:
     """Whether ``root`` holds a complete dataset generated with ``params``."""
     try:
         return json.loads((root / MANIFEST).read_text())["params"] == params
@@ -97,7 +100,7 @@ def _reusable(root: Path, params: dict) -> bool:
         return False
 
 
-def _write_dataset(tmp: Path, final: Path, params: dict) -> None:
+def _write_dataset(tmp: Path, final: Path, params: dict[str, Any]) -> None:
     """Write every image and label into ``tmp``; ``data.yaml`` names ``final``, where it will live."""
     for split, n in (("train", params["n_train"]), ("val", params["n_val"])):
         (tmp / "images" / split).mkdir(parents=True)
@@ -120,17 +123,17 @@ def _write_dataset(tmp: Path, final: Path, params: dict) -> None:
     (tmp / MANIFEST).write_text(json.dumps({"generator": __name__, "params": params}, indent=2) + "\n")
 
 
-def _draw_image(rng: np.random.Generator, params: dict) -> tuple[np.ndarray, list[tuple[int, float, float, float, float]]]:
-    """Draw one BGR image and its YOLO labels ``(class, x_center, y_center, width, height)``, normalized."""
+def _draw_image(rng: np.random.Generator, params: dict[str, Any]) -> tuple[np.ndarray, list[Label]]:
+    """Draw one BGR image and its YOLO labels."""
     s = params["imgsz"]
     image = _background(rng, s)
     occupied = np.zeros((s, s), dtype=bool)
-    labels = []
+    labels: list[Label] = []
     lo, hi = params["objects_per_image"]
     for _ in range(int(rng.integers(lo, hi + 1))):
         cls = int(rng.integers(len(params["classes"])))
         name = params["classes"][cls]
-        # Rejection-sample a spot that does not touch earlier objects: every label stays fully visible.
+        # Rejection-sample a spot clear of earlier objects, so no object hides part of another.
         for _attempt in range(20):
             size = rng.uniform(*params["size_range"]) * s
             cx, cy = rng.uniform(size / 2, s - size / 2, 2)
@@ -177,7 +180,8 @@ def _shape_mask(name: str, s: int, cx: float, cy: float, size: float, angle: flo
         pts = [(r * math.cos(a), r * math.sin(a)) for a in (0, 2 * math.pi / 3, 4 * math.pi / 3)]
     elif name == "cross":
         a, b = r, r * 0.33
-        pts = [(b, a), (-b, a), (-b, b), (-a, b), (-a, -b), (-b, -b), (-b, -a), (b, -a), (b, -b), (a, -b), (a, b), (b, b)]
+        pts = [(b, a), (-b, a), (-b, b), (-a, b), (-a, -b), (-b, -b)]
+        pts += [(-x, -y) for x, y in pts]  # the cross is symmetric under a half turn
     elif name == "star":
         radii = [r if k % 2 == 0 else r * 0.45 for k in range(10)]  # alternating tips and notches
         pts = [(rk * math.cos(k * math.pi / 5), rk * math.sin(k * math.pi / 5)) for k, rk in enumerate(radii)]

@@ -7,6 +7,7 @@ and registered lazily for libraries that are installed.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 
 from torch import nn
@@ -25,23 +26,21 @@ def register_container_fixer(*types: type) -> Callable[[ContainerFixer], Contain
 
 
 def _register_ultralytics() -> None:
-    try:
-        from ultralytics.nn.modules.block import C2f, C2PSA
-    except ImportError:  # ultralytics not installed: nothing to fix
+    # Only when the model's library is already imported (importing ultralytics has side effects).
+    block = sys.modules.get("ultralytics.nn.modules.block")
+    if block is None or block.C2f in _CONTAINER_FIXERS:
         return
 
-    @register_container_fixer(C2f, C2PSA)
+    @register_container_fixer(block.C2f, block.C2PSA)
     def _halves(m: nn.Module) -> None:
         # forward_split / C2PSA.forward split cv1's output into (c, c): the analysis ties the halves'
         # counts (chunk(2)), so c is half the new width.
         m.c = m.cv1.conv.out_channels // 2
 
 
-_register_ultralytics()
-
-
 def fix_container_attributes(model: nn.Module) -> None:
     """Run every registered container fixer, and refresh ultralytics' per-layer ``np`` param counts."""
+    _register_ultralytics()
     for m in model.modules():
         for cls in type(m).__mro__:
             fix = _CONTAINER_FIXERS.get(cls)

@@ -7,6 +7,8 @@ its predictions, and the loss and decoder read only their spatial sizes.
 
 from __future__ import annotations
 
+import sys
+
 from torch import nn
 
 _FREE_OUTPUTS: dict[type, tuple[str, ...]] = {}
@@ -18,15 +20,12 @@ def register_free_outputs(model_type: type, *keys: str) -> None:
 
 
 def default_free_outputs(model: nn.Module) -> tuple[str, ...]:
+    # Looked up lazily: importing ultralytics here would run before prunefx's setup_offline(); a model
+    # that is an ultralytics model means ultralytics is already imported.
+    tasks = sys.modules.get("ultralytics.nn.tasks")
+    if tasks is not None:
+        _FREE_OUTPUTS.setdefault(tasks.BaseModel, ("feats",))
     for cls in type(model).__mro__:
         if cls in _FREE_OUTPUTS:
             return _FREE_OUTPUTS[cls]
     return ()
-
-
-try:
-    from ultralytics.nn.tasks import BaseModel
-except ImportError:  # ultralytics not installed
-    pass
-else:
-    register_free_outputs(BaseModel, "feats")

@@ -25,7 +25,7 @@ def default_config_dir() -> Path:
     return root / ".cache" / "yolo"
 
 
-def setup_offline(cache_dir: Path | None = None) -> Path:
+def setup_offline(cache_dir: Path | str | None = None) -> Path:
     """Make ultralytics work offline and keep its state in ``cache_dir``; idempotent, returns ``YOLO_CONFIG_DIR``.
 
     The config dir is ``cache_dir`` if given, else an already set ``YOLO_CONFIG_DIR``, else
@@ -56,13 +56,12 @@ def cpu_train_kwargs(*, plots: bool = False, **overrides: Any) -> dict[str, Any]
         "device": "cpu",
         # fp32: AMP does nothing on a CPU, and on a GPU its check loads yolo26n.pt (a download when absent).
         "amp": False,
-        # Loader worker processes compete with the training threads for the few cores; loading in-process is
-        # as fast for small images and avoids forking a process per worker.
+        # In-process loading: a worker process competes with training for the few cores (ultralytics already
+        # trains on cpu_count - 1 threads); for small images loading is ~15 % of an epoch.
         "workers": 0,
-        # Plots cost seconds per epoch and need matplotlib fonts; off unless asked for.
+        # Plots (label statistics, sample batches, curves) cost seconds of CPU; off unless asked for.
         "plots": plots,
         "exist_ok": True,
-        "verbose": False,
     }
     kwargs.update(overrides)
     return kwargs
@@ -83,23 +82,23 @@ def _place_font(target: Path) -> Path:
 def _patch_imported_ultralytics(fonts_dir: Path, fonts: list[Path]) -> None:
     """Best effort when ultralytics was imported first: its online flag and config dir are already fixed."""
     import ultralytics.utils as uutils
+    from matplotlib import font_manager
 
-    if Path(uutils.USER_CONFIG_DIR).absolute() == fonts_dir and not uutils.ONLINE:
-        return  # imported after an earlier setup_offline() with the same dir: nothing to fix
+    # Modules copied the flag with `from ultralytics.utils import ONLINE`: each loaded copy must be reset.
+    copies = ("ultralytics.utils", "ultralytics.utils.checks", "ultralytics.utils.events")
+    loaded = [m for m in copies if m in sys.modules]
+    known = {f.fname for f in font_manager.fontManager.ttflist}
+    # check_font() also accepts a font that matplotlib knows under a path containing the requested name.
+    unknown_fonts = [f for f in fonts if str(f) not in known] if Path(uutils.USER_CONFIG_DIR) != fonts_dir else []
+    if not unknown_fonts and not any(sys.modules[m].ONLINE for m in loaded):
+        return  # ultralytics uses this config dir, or an earlier call already patched it
     warnings.warn(
-        "ultralytics was imported before prunefx's setup_offline(); patching it in place. "
-        "Call setup_offline() before importing ultralytics.",
+        f"ultralytics was imported before prunefx's setup_offline() (its config dir is {uutils.USER_CONFIG_DIR}); "
+        "patching its online flag and fonts. Call setup_offline() before the first ultralytics import.",
         RuntimeWarning,
         stacklevel=3,
     )
-    # Modules copied the flag with `from ultralytics.utils import ONLINE`: reset each copy that is loaded.
-    for name in ("ultralytics.utils", "ultralytics.utils.checks", "ultralytics.utils.events"):
-        if name in sys.modules:
-            sys.modules[name].ONLINE = False
-    # check_font() also accepts any font that matplotlib knows under a path containing the requested name.
-    from matplotlib import font_manager
-
-    known = {f.fname for f in font_manager.fontManager.ttflist}
-    for font in fonts:
-        if str(font) not in known:
-            font_manager.fontManager.addfont(str(font))
+    for m in loaded:
+        sys.modules[m].ONLINE = False
+    for font in unknown_fonts:
+        font_manager.fontManager.addfont(str(font))

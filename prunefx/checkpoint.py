@@ -1,0 +1,59 @@
+"""Save and reload pruned models: the plan plus a plain state_dict (``torch.load(weights_only=True)``).
+
+    prunefx.save(model, plan, "pruned.pt")
+    model = prunefx.load("pruned.pt", lambda: torchvision.models.resnet50())
+
+Loading re-applies the plan to a fresh model from the factory (same analysis, same fingerprint), then
+loads the weights, so no pickled classes are needed and the file cannot run code on load.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .analysis import analyze
+from .errors import PrunefxError
+from .plan import PruningPlan
+from .rewrite import apply_plan
+
+FORMAT = "prunefx.checkpoint/1"
+
+
+def save(model: nn.Module, plan: PruningPlan, path: str | os.PathLike) -> Path:
+    """Write ``{"format", "plan", "state_dict"}`` atomically (temp file, then rename)."""
+    path = Path(path)
+    payload = {"format": FORMAT, "plan": plan.to_dict(), "state_dict": model.state_dict()}
+    fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=path.name, suffix=".tmp")
+    os.close(fd)
+    try:
+        torch.save(payload, tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def load(path: str | os.PathLike, base_model_factory: Callable[[], nn.Module], *, graph_rewrite: bool = False) -> nn.Module:
+    """Rebuild a pruned model: fresh model from ``base_model_factory`` -> re-apply the plan -> load weights."""
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise PrunefxError(f"no checkpoint at {path}") from None
+    except Exception as exc:  # noqa: BLE001 - a truncated or foreign file
+        raise PrunefxError(f"{path} is not a readable prunefx checkpoint ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise PrunefxError(f"{path} is not a prunefx checkpoint (expected format {FORMAT!r})")
+    plan = PruningPlan.from_dict(payload["plan"])
+    model = base_model_factory()
+    inputs = tuple(torch.zeros(s) for s in plan.input_shapes)
+    dg = analyze(model, inputs)
+    apply_plan(model, dg, plan, graph_rewrite=graph_rewrite)
+    model.load_state_dict(payload["state_dict"])
+    return model

@@ -1,0 +1,183 @@
+"""Plan, rewrite and the masked-original oracle on small models."""
+
+import copy
+import math
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import torchvision
+from torch import nn
+
+import prunefx
+import prunefx.checkpoint
+from prunefx.metrics import measure
+from prunefx.plan import CostModel, PlanConfig, PlanError, PruningPlan, make_plan
+from prunefx.rewrite import apply_plan
+from prunefx.verify import verify
+
+from _nets import Patterns, randomize_bn
+
+
+def _random_scores(dg, seed=0):
+    rng = np.random.default_rng(seed)
+    return {g.id: rng.random(g.channels) for g in dg.prunable}
+
+
+def _prune(model, x, cfg, seed=0):
+    original = copy.deepcopy(model)
+    dg = prunefx.analyze(model, x)
+    plan = make_plan(dg, _random_scores(dg, seed), cfg, cost=CostModel(model, dg, x))
+    apply_plan(model, dg, plan)
+    return original, dg, plan
+
+
+@pytest.mark.parametrize("cfg", [PlanConfig(ratio=0.5), PlanConfig(flops=0.5), PlanConfig(ratio=0.3, scope="local"),
+                                 PlanConfig(params=0.6, round_to=4)])
+def test_patterns_model_equals_masked_original(cfg):
+    model = randomize_bn(Patterns()).eval()
+    x = torch.randn(2, 3, 16, 16)
+    original, dg, plan = _prune(model, x, cfg)
+    assert plan.pruned, "something must be pruned"
+    result = verify(original, model, plan, x)
+    assert result.ok and result.exact, result.message
+    assert result.max_rel_error < 1e-4
+    assert model(x).shape == original(x).shape
+    assert sum(p.numel() for p in model.parameters()) < sum(p.numel() for p in original.parameters())
+
+
+def test_flops_target_within_two_percent_of_measured():
+    model = randomize_bn(torchvision.models.resnet18()).eval()
+    x = torch.randn(1, 3, 64, 64)
+    base = measure(model, x).macs
+    for target in (0.7, 0.5, 0.35):
+        m = copy.deepcopy(model)
+        _prune(m, x, PlanConfig(flops=target))
+        got = measure(m, x).macs / base
+        assert abs(got - target) <= 0.02 * target, (target, got)
+
+
+def test_ratio_removes_requested_fraction_and_never_empties_a_group():
+    model = Patterns()
+    x = torch.randn(1, 3, 16, 16)
+    dg = prunefx.analyze(model, x)
+    plan = make_plan(dg, _random_scores(dg), PlanConfig(ratio=0.5, max_ratio=1.0, min_channels=1))
+    before = sum(g.before for g in plan.groups)
+    after = sum(g.after for g in plan.groups)
+    assert abs((before - after) / before - 0.5) < 0.05
+    assert all(g.after >= 1 for g in plan.groups)
+
+
+def test_clamps_round_to_and_local_ratio():
+    model = torchvision.models.resnet18()
+    x = torch.randn(1, 3, 32, 32)
+    dg = prunefx.analyze(model, x)
+    scores = _random_scores(dg)
+    plan = make_plan(dg, scores, PlanConfig(ratio=0.6, max_ratio=0.5, round_to=8))
+    for g in plan.groups:
+        assert g.after >= math.ceil(0.5 * g.before)  # max_ratio clamp
+        assert g.after % 8 == 0 or g.after == g.before  # round_to
+    local = make_plan(dg, scores, PlanConfig(ratio=0.25, scope="local"))
+    for g in local.groups:
+        assert g.after == g.before - math.floor(0.25 * g.before)
+        kept = np.sort(scores[g.group])[::-1][: g.after]
+        assert set(np.asarray(scores[g.group])[list(g.keep)]) == set(kept)  # the best channels stay
+
+
+def test_chunk_halves_keep_equal_counts():
+    from ultralytics.nn.tasks import DetectionModel
+
+    model = DetectionModel("yolov8n.yaml", verbose=False)
+    x = torch.randn(1, 3, 64, 64)
+    dg = prunefx.analyze(model, x)
+    assert dg.ties, "C2f chunk(2) halves are tied"
+    plan = make_plan(dg, _random_scores(dg), PlanConfig(ratio=0.5))
+    after = {g.group: g.after for g in plan.groups}
+    for gids, _ in dg.ties:
+        assert len({after.get(g, dg.groups[g].channels) for g in gids}) == 1
+
+
+def test_ignore_and_overrides():
+    model = torchvision.models.resnet18()
+    x = torch.randn(1, 3, 32, 32)
+    dg = prunefx.analyze(model, x)
+    plan = make_plan(dg, _random_scores(dg), PlanConfig(ratio=0.4, ignore=("layer4.*",)))
+    ignored = {g.id for g in dg.prunable if any(n.startswith("layer4.") for n in g.modules())}
+    assert ignored and not ignored & {g.group for g in plan.groups}
+    with pytest.warns(UserWarning, match="matches no module"):
+        make_plan(dg, _random_scores(dg), PlanConfig(ratio=0.4, ignore=("nope.*",)))
+    local = make_plan(dg, _random_scores(dg), PlanConfig(ratio=0.1, scope="local", overrides=(("layer1.*", 0.5),)))
+    for g in local.groups:
+        r = 0.5 if any(n.startswith("layer1.") for n in dg.groups[g.group].modules()) else 0.1
+        assert g.after == g.before - math.floor(r * g.before)
+
+
+@pytest.mark.parametrize("kwargs", [dict(ratio=1.0), dict(ratio=-0.1), dict(flops=0.0), dict(flops=1.5), dict(),
+                                    dict(ratio=0.5, flops=0.5), dict(ratio=0.5, round_to=0), dict(ratio=0.5, min_channels=0)])
+def test_bad_config_is_rejected(kwargs):
+    with pytest.raises(PlanError):
+        PlanConfig(**kwargs)
+
+
+def test_plan_for_another_model_fails_before_touching_anything():
+    x = torch.randn(1, 3, 32, 32)
+    a, b = torchvision.models.resnet18(), torchvision.models.resnet34()
+    dga, dgb = prunefx.analyze(a, x), prunefx.analyze(b, x)
+    plan = make_plan(dga, _random_scores(dga), PlanConfig(ratio=0.5))
+    before = {k: v.clone() for k, v in b.state_dict().items()}
+    with pytest.raises(PlanError, match="different model"):
+        apply_plan(b, dgb, plan)
+    assert all(torch.equal(before[k], v) for k, v in b.state_dict().items())
+
+
+def test_plan_json_round_trip_and_reapply():
+    model = randomize_bn(torchvision.models.resnet18()).eval()
+    x = torch.randn(1, 3, 32, 32)
+    twin = copy.deepcopy(model)
+    _, _, plan = _prune(model, x, PlanConfig(ratio=0.4))
+    again = PruningPlan.from_json(plan.to_json())
+    assert again == plan
+    apply_plan(twin, prunefx.analyze(twin, x), again)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), twin.state_dict().values()))
+
+
+def test_save_load_round_trip(tmp_path):
+    model = randomize_bn(Patterns()).eval()
+    x = torch.randn(2, 3, 16, 16)
+    _, _, plan = _prune(model, x, PlanConfig(ratio=0.4))
+    path = prunefx.checkpoint.save(model, plan, tmp_path / "p.pt")
+    payload = torch.load(path, weights_only=True)  # plain data: no pickled classes
+    assert payload["format"] == "prunefx.checkpoint/1"
+    loaded = prunefx.checkpoint.load(path, Patterns).eval()
+    assert torch.allclose(loaded(x), model(x), atol=1e-6)
+    (tmp_path / "bad.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(prunefx.PrunefxError, match="not a readable"):
+        prunefx.checkpoint.load(tmp_path / "bad.pt", Patterns)
+
+
+def test_inexact_groups_are_reported_not_hidden():
+    class LN(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.ln, self.fc2 = nn.Linear(8, 32), nn.LayerNorm(32), nn.Linear(32, 4)
+
+        def forward(self, x):
+            return self.fc2(self.ln(self.fc1(x)))
+
+    model = LN().eval()
+    x = torch.randn(4, 8)
+    original, dg, plan = _prune(model, x, PlanConfig(ratio=0.5))
+    result = verify(original, model, plan, x)
+    assert not result.exact and result.inexact_groups
+    assert "not exactly verifiable" in result.message
+    assert model(x).shape == (4, 4)
+
+
+def test_verify_catches_a_wrong_rewrite():
+    model = randomize_bn(torchvision.models.resnet18()).eval()
+    x = torch.randn(1, 3, 32, 32)
+    original, dg, plan = _prune(model, x, PlanConfig(ratio=0.3))
+    with torch.no_grad():  # corrupt one kept channel: the oracle must notice
+        model.layer1[0].conv1.weight[0].mul_(2.0)
+    assert not verify(original, model, plan, x).ok

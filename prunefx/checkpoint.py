@@ -10,7 +10,6 @@ loads the weights, so no pickled classes are needed and the file cannot run code
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from torch import nn
 
 from .analysis import analyze
 from .errors import PrunefxError
+from .fileio import atomic_torch_save
 from .plan import PruningPlan
 from .rewrite import apply_plan
 
@@ -29,14 +29,7 @@ def save(model: nn.Module, plan: PruningPlan, path: str | os.PathLike) -> Path:
     """Write ``{"format", "plan", "state_dict"}`` atomically (temp file, then rename)."""
     path = Path(path)
     payload = {"format": FORMAT, "plan": plan.to_dict(), "state_dict": model.state_dict()}
-    fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=path.name, suffix=".tmp")
-    os.close(fd)
-    try:
-        torch.save(payload, tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    atomic_torch_save(payload, path)
     return path
 
 

@@ -119,7 +119,7 @@ class ScoreContext:
         wants = [p.requires_grad for p in every]
         modes = [(m, m.training) for m in self.model.modules()]
         rows: dict[str, dict[int, list[np.ndarray]]] = {n: {d: [] for d in ds} for n, ds in self._dims().items()}
-        device = every[0].device if every else torch.device("cpu")
+        device = next(iter(params.values())).device
         batches = 0
         # Eval mode: BatchNorm must not fold calibration batches into its running statistics.
         # autograd.grad returns the gradients without accumulating them into .grad.
@@ -172,10 +172,10 @@ def score(
         v, label = fn(ctx, g), criterion
         if v is None:
             why = _NOT_APPLICABLE[criterion]
-            v = fb(ctx, g) if fb is not None else None
-            label = f"{fallback} (fallback: {why})" if v is not None else f"none: {why}"
-            if v is None and fb is not None:
-                label += f"; {fallback}: {_NOT_APPLICABLE[fallback]}"
+            if fb is not None and (v := fb(ctx, g)) is not None:
+                label = f"{fallback} (fallback: {why})"
+            else:
+                label = f"none: {why}" + (f"; {fallback}: {_NOT_APPLICABLE[fallback]}" if fb is not None else "")
         used[g.id] = label
         if v is not None:
             v = np.asarray(v, dtype=np.float64)
@@ -267,7 +267,8 @@ def _dim(m: Member) -> int:
 
 
 def _is_bias(name: str) -> bool:
-    return "bias" in name.rsplit(".", 1)[-1]  # bias, in_proj_bias, bias_k ...
+    leaf = name.rsplit(".", 1)[-1]
+    return leaf in ("bias", "bias_k", "bias_v") or leaf.endswith("_bias")  # MultiheadAttention's in_proj_bias...
 
 
 def _is_affine_bn(module: nn.Module) -> bool:
@@ -276,19 +277,23 @@ def _is_affine_bn(module: nn.Module) -> bool:
 
 def _channel_sum(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     """Sum over each channel's positions ``values[..., offsets[k]:offsets[k + 1]]`` (last axis)."""
+    if values.shape[-1] == len(offsets) - 1:  # one position per channel, the common case
+        return values
     c = np.concatenate([np.zeros(values.shape[:-1] + (1,)), np.cumsum(values, axis=-1)], axis=-1)
     return c[..., offsets[1:]] - c[..., offsets[:-1]]
 
 
 def _channel_mean(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    return _channel_sum(values, offsets) / np.maximum(np.diff(offsets), 1)
+    if values.shape[-1] == len(offsets) - 1:
+        return values
+    return _channel_sum(values, offsets) / np.diff(offsets)  # every channel has >= 1 position per member
 
 
 def _dim_sums(x: torch.Tensor, dims: Iterable[int]) -> dict[int, torch.Tensor]:
     """Per dim d in ``dims``: the sum of each slice ``x.select(d, i)``.
 
     Viewing x as (before, d, after) and summing the leading axis first keeps every reduction
-    contiguous (a column sum, then short rows): ~3x faster than ``x.sum(other_dims)`` on conv weights.
+    contiguous (a column sum, then short rows): ~2.5x faster than ``x.sum(other_dims)`` on resnet50's convs.
     """
     out = {}
     for d in dims:

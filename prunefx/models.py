@@ -37,7 +37,6 @@ FORMS = (
     "torchvision:NAME (e.g. torchvision:resnet50), ultralytics:NAME.yaml (e.g. ultralytics:yolov8n.yaml), "
     "a path to an ultralytics .pt checkpoint, or package.module:factory"
 )
-SIZES = "224 for torchvision, 299 for inception_v3, 640 for YOLO, 224 for YOLO classifiers"  # for help texts
 MIN_IMGSZ = 32  # backbones downsample 32x: a smaller image leaves no spatial extent at the last stage
 YOLO_STRIDE = 32  # YOLO feature maps are concatenated across strides up to 32 (64 for -p6 models)
 
@@ -49,6 +48,10 @@ _YOLO_SIZES = {"classify": 224}
 _YOLO_DEFAULT_SIZE = 640
 # Heads that need text embeddings (open vocabulary) besides the image, which load_spec does not build.
 _TEXT_HEADS = ("World", "YOLOE")
+SIZES = (  # the defaults above in words, for help texts
+    f"{_TORCHVISION_DEFAULT_SIZE} for torchvision, {_TORCHVISION_SIZES['inception_v3']} for inception_v3, "
+    f"{_YOLO_DEFAULT_SIZE} for YOLO, {_YOLO_SIZES['classify']} for YOLO classifiers"
+)
 _FACTORY = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 
 
@@ -163,14 +166,16 @@ def _yaml_names(shipped: dict[str, Path]) -> list[str]:
 
     names = list(shipped)
     for name, path in shipped.items():
-        scales = (yaml.safe_load(path.read_text()) or {}).get("scales") or {}
+        # The C loader when present: the pure-Python one takes seconds for the ~70 files on a busy machine.
+        cfg = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
+        scales = cfg.get("scales") or {}
         if not re.search(r"\d[nslmx]", name):  # yolov8.yaml -> yolov8n.yaml ...; yolov10n.yaml is already scaled
             names += [re.sub(r"(\d+)", rf"\g<1>{s}", name, count=1) for s in scales]
     return names
 
 
 def _resolve_yaml(name: str) -> tuple[Path, str | None]:
-    """Path to hand to ultralytics' yaml_model_load, and the shipped yaml's name when ``name`` asks for a scale of it."""
+    """The path for ultralytics' yaml_model_load, plus the shipped yaml's name when ``name`` is a scale of it."""
     if name.endswith(".pt"):
         raise SpecError(
             f"ultralytics:{name} names weights, which prunefx never downloads. Pass the path of a .pt file on disk, "
@@ -200,7 +205,11 @@ def _ultralytics_yaml(name: str, imgsz: int | None) -> tuple[nn.Module, int, int
         name += ".yaml"
     tasks = _ultralytics_modules()
     path, base = _resolve_yaml(name)
-    cfg = tasks.yaml_model_load(path)
+    try:
+        cfg = tasks.yaml_model_load(path)
+        head = str(cfg["head"][-1][2])  # the output module, which decides the task
+    except Exception as exc:  # noqa: BLE001 - a user's yaml can be malformed in any way
+        raise SpecError(f"cannot read model yaml '{name}': {type(exc).__name__}: {exc}") from exc
     if base and cfg["scale"] not in (cfg.get("scales") or {}):
         have = ", ".join(cfg.get("scales") or {}) or "none"
         raise SpecError(f"ultralytics:{name}: {base} has no scale '{cfg['scale']}' (its scales: {have}).")
@@ -212,7 +221,6 @@ def _ultralytics_yaml(name: str, imgsz: int | None) -> tuple[nn.Module, int, int
         "classify": tasks.ClassificationModel,
         "obb": tasks.OBBModel,
     }
-    head = str(cfg["head"][-1][2])
     if task not in builders or head.startswith(_TEXT_HEADS):
         raise SpecError(
             f"ultralytics:{name} has a {head} head (task {task}); SPECs build {', '.join(builders)} models, "
@@ -316,7 +324,9 @@ def _factory(spec: str) -> nn.Module:
     try:
         model = obj()
     except Exception as exc:  # noqa: BLE001 - the user's factory raised
-        raise SpecError(f"factory '{spec}' raised {type(exc).__name__}: {exc}; it must build the model with no arguments.") from exc
+        raise SpecError(
+            f"factory '{spec}' raised {type(exc).__name__}: {exc}; it must build the model with no arguments."
+        ) from exc
     if not isinstance(model, nn.Module):
         raise SpecError(f"factory '{spec}' returned a {type(model).__name__}, not a torch.nn.Module.")
     return model

@@ -276,6 +276,23 @@ def _counts(dg, scores, eligible, cfg, knob: float) -> dict[int, int]:
     return counts
 
 
+def _global_ranks(dg, scores: dict[int, np.ndarray], eligible: list[int]) -> dict[int, np.ndarray]:
+    """Replace scores by their rank in one global order (ties broken by relative position in the group)."""
+    if not eligible:
+        return {}
+    vals = np.concatenate([np.asarray(scores[g], dtype=np.float64) for g in eligible])
+    frac = np.concatenate([(np.arange(dg.groups[g].channels) + 0.5) / dg.groups[g].channels for g in eligible])
+    order = np.lexsort((frac, vals))
+    rank = np.empty(len(vals), dtype=np.float64)
+    rank[order] = np.arange(len(vals), dtype=np.float64)
+    out, start = {}, 0
+    for g in eligible:
+        c = dg.groups[g].channels
+        out[g] = rank[start : start + c]
+        start += c
+    return out
+
+
 def _keep(scores: np.ndarray, n: int) -> np.ndarray:
     order = np.argsort(-scores, kind="stable")[:n]
     mask = np.zeros(len(scores), dtype=bool)
@@ -305,6 +322,11 @@ def make_plan(
     if (cfg.flops is not None or cfg.params is not None) and cost is None:
         raise PlanError("a flops/params target needs a CostModel (cost=CostModel(model, dg, inputs))")
 
+    if cfg.scope == "global":
+        # One global ranking; equal scores (fresh BatchNorms all have gamma 1) are broken by relative
+        # position inside the group, so ties are pruned evenly across groups instead of group by group.
+        scores = _global_ranks(dg, scores, eligible)
+
     def masks_for(knob: float) -> dict[int, np.ndarray]:
         return {g: _keep(scores[g], n) for g, n in _counts(dg, scores, eligible, cfg, knob).items()}
 
@@ -329,7 +351,7 @@ def make_plan(
     for gid in eligible:
         m = masks[gid]
         c = dg.groups[gid].channels
-        why = f"score > {knob:.4g}" if cfg.scope == "global" else f"ratio {(_override(dg, gid, cfg) or knob):.3f}"
+        why = f"global rank > {int(knob)} of {total}" if cfg.scope == "global" else f"ratio {(_override(dg, gid, cfg) or knob):.3f}"
         n_raw = int((scores[gid] > knob).sum()) if cfg.scope == "global" else None
         if n_raw is not None and int(m.sum()) != n_raw:
             why += f"; clamped/rounded to {int(m.sum())}"

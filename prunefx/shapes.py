@@ -92,7 +92,8 @@ def propagate(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> str:
     except Exception as exc:  # noqa: BLE001
         shapes = [tuple(x.shape) for x in example_inputs if isinstance(x, torch.Tensor)]
         raise ShapeError(
-            f"the model does not run on example inputs of shape {shapes}: {type(exc).__name__}: {exc}. "
+            f"the model does not run on example inputs of shape {shapes}: {type(exc).__name__}: "
+            f"{str(exc).split(chr(10) + chr(10) + 'While executing')[0]}. "
             "Pass inputs the model accepts (e.g. --imgsz / the right number of channels)."
         ) from first_error
     return "eval"

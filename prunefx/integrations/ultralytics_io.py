@@ -9,7 +9,6 @@ from such a file with ``YOLO(path).train()`` would rebuild the unpruned yaml: fi
 from __future__ import annotations
 
 import os
-import tempfile
 from copy import deepcopy
 from datetime import datetime
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..fileio import atomic_torch_save
 from ..plan import PruningPlan
 
 
@@ -44,12 +44,5 @@ def save_yolo(model: nn.Module, path: str | os.PathLike, *, plan: PruningPlan | 
         "prunefx_plan": plan.to_dict() if plan is not None else None,
         **(extra or {}),
     }
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    os.close(fd)
-    try:
-        torch.save(ckpt, tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    atomic_torch_save(ckpt, path)
     return path

@@ -42,7 +42,6 @@ import json
 import math
 import os
 import platform
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +50,7 @@ from typing import Any
 import torch
 
 from ..errors import PrunefxError
+from ..fileio import atomic_write
 from ..metrics import CONVENTIONS as COUNT_CONVENTIONS
 from ..metrics import Latency, Measurement
 from ..metrics.latency import CONVENTION as LATENCY_CONVENTION
@@ -300,23 +300,6 @@ def validate_report(report: Any) -> None:
 
 
 # ---- files ------------------------------------------------------------------------------------------
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temp file in the same directory and ``os.replace``.
-
-    A reader never sees a half-written file, and a crash leaves the previous version intact.
-    """
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def write_report(run_dir: str | os.PathLike[str], report: dict[str, Any]) -> list[Path]:

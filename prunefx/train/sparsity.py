@@ -12,7 +12,7 @@ import fnmatch
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
@@ -68,7 +68,7 @@ class BNSparsity:
 
     @property
     def step_s(self) -> float:
-        """The strength the next optimizer step adds."""
+        """Current strength: what the last optimizer step added (``s`` before the first step)."""
         return self._s
 
     def attach(self, optimizer: torch.optim.Optimizer) -> BNSparsity:
@@ -101,14 +101,18 @@ class TargetSparsity:
 
     The controlled value is q, the ``target``-quantile of |gamma|: the fraction below ``threshold``
     reaches ``target`` exactly when q reaches ``threshold``. (The fraction itself stays 0 until gammas
-    arrive near the threshold, then jumps: a controller on it winds ``s`` up and overshoots.) An L1
-    penalty moves gammas at a speed proportional to ``s``, so ``s`` steers q's speed: every ``every``
-    steps the measured speed v is compared with the speed that lands q on ``threshold`` at
-    ``reach * total_steps``, v* = (q - threshold) / steps left, and then holds it there; ``s`` is
-    multiplied by ``exp(gain * (v* - v) / (|v*| + |v|))``, within [s_min, s_max]. Steering speed rather
-    than q itself keeps the loop first order: no oscillation from the lag between ``s`` and the gammas.
-    ``relative``: threshold is a fraction of each layer's largest |gamma|. Holds the last measured q,
-    so use one instance per training run.
+    arrive near the threshold, then jumps: a controller on it winds ``s`` up and overshoots.) The L1
+    term moves gammas at a speed that grows with ``s``, so ``s`` steers q's speed in log space: every
+    ``every`` steps the measured v = -dlog(q)/dt is compared with the v* that lands q on ``threshold`` at
+    ``reach * total_steps`` (and then holds it there), and ``s`` is multiplied by
+    ``exp(gain * (v* - v) / (|v*| + |v|))``. Steering speed rather than q avoids winding ``s`` up through
+    the lag between ``s`` and the gammas; log space gives the last decade above the threshold, where
+    channels separate into kept and dead, as much time as the first, where they all shrink together.
+
+    ``s_max`` bounds the strength because a gamma at zero oscillates around it with amplitude about
+    1.5 * lr * s under SGD with momentum 0.9: keep ``s_max * lr`` well below ``threshold`` (the default
+    suits lr <= 0.1). ``relative``: threshold is a fraction of each layer's largest |gamma|. Holds the last
+    measured q, so use one instance per training run.
 
     >>> TargetSparsity(target=0.5, total_steps=epochs * len(loader))
     """
@@ -121,24 +125,24 @@ class TargetSparsity:
     gain: float = 1.0
     every: int = 10
     s_min: float = 1e-6
-    s_max: float = 1e-1
+    s_max: float = 3e-2
     _last: float | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not 0 < self.target < 1:
             raise PrunefxError(f"TargetSparsity target must be in (0, 1), got {self.target}")
-        if self.total_steps < 1 or self.every < 1:
-            raise PrunefxError("TargetSparsity total_steps and every must be positive")
+        if self.total_steps < 1 or self.every < 1 or self.threshold <= 0:
+            raise PrunefxError("TargetSparsity total_steps, every and threshold must be positive")
 
     def __call__(self, step: int, s: float, gammas: Sequence[torch.Tensor]) -> float:
         if step % self.every or not gammas:
             return s
-        q, last = _quantile(gammas, self.target, self.relative), self._last
-        self._last = q
+        q = math.log(max(_quantile(gammas, self.target, self.relative), 1e-12))
+        last, self._last = self._last, q
         if last is None:
             return s
         v = (last - q) / self.every
-        wanted = (q - self.threshold) / max(self.every, self.reach * self.total_steps - step)
+        wanted = (q - math.log(self.threshold)) / max(self.every, self.reach * self.total_steps - step)
         err = (wanted - v) / max(abs(wanted) + abs(v), 1e-12)
         return min(self.s_max, max(self.s_min, s * math.exp(self.gain * err)))
 
@@ -184,6 +188,7 @@ def sparsity_stats(
 
 def _select_bns(model: nn.Module, modules: Iterable[str] | None = None, exclude: Iterable[str] = ()) -> dict[str, _BatchNorm]:
     """Affine BatchNorms by name: ``modules`` (default all) minus names matching ``exclude`` patterns."""
+    # A lone string is one name or pattern, not an iterable of one-letter names.
     patterns = [exclude] if isinstance(exclude, str) else list(exclude)
     modules = [modules] if isinstance(modules, str) else modules
     if modules is None:

@@ -1,0 +1,40 @@
+"""``prunefx analyze SPEC``: print a model's groups of coupled channels and optionally save them as JSON."""
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+import prunefx
+from prunefx.models import FORMS, SIZES, load_spec
+from prunefx.fileio import atomic_write
+
+
+def analyze(
+    spec: Annotated[str, typer.Argument(metavar="SPEC", help=f"Model: {FORMS}.")],
+    imgsz: Annotated[int | None, typer.Option(help=f"Input image size (default: {SIZES}).")] = None,
+    json_path: Annotated[
+        Path | None,
+        typer.Option("--json", help="Also write the groups as JSON to this file.", dir_okay=False),
+    ] = None,
+    max_members: Annotated[int, typer.Option(min=1, help="Members listed per group in the table.")] = 6,
+    # Read by cli.main's error handler, which is the only code that needs it.
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="On error, also print the traceback.")] = False,
+) -> None:
+    """Trace SPEC and print which channels must be pruned together, and which cannot be pruned and why."""
+    loaded = load_spec(spec, imgsz=imgsz)
+    dg = prunefx.analyze(loaded.model, loaded.example_inputs)
+    console = Console()
+    console.print(dg.table(max_members=max_members))
+    # Automatic leaves and ops without a rule explain most frozen groups, so they are named here.
+    for name, why in dg.auto_leaves.items():
+        console.out(f"traced as a leaf: {name} ({why})")
+    for node, op in dg.unknown_ops.items():
+        console.out(f"no rule, channels frozen: {node} = {op}")
+    # out() neither wraps nor parses markup: the summary stays one line at any width, brackets and all.
+    console.out(dg.summary())
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(json_path, dg.to_json().encode())
+        console.out(f"wrote {json_path}")

@@ -1,0 +1,59 @@
+"""The ``prunefx`` command line: the commands (one module each) composed into one app, and its error policy."""
+
+import traceback
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.text import Text
+from typer.core import TyperCommand
+
+from prunefx.errors import PrunefxError
+
+from .analyze import analyze
+from .flops import flops
+from .report import report
+
+
+class _Command(TyperCommand):
+    """A command whose bad input ends it with one red line on stderr and exit code 2.
+
+    Bad input is a PrunefxError (the library's messages name the problem and the fix) or an OSError (a file
+    that cannot be read or written). 2 is also what a usage error (unknown option, bad value) exits with:
+    both mean "fix the input". With the command's ``--verbose`` the traceback is printed first. Other
+    exceptions are bugs and keep typer's traceback.
+    """
+
+    def invoke(self, ctx: typer.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (PrunefxError, OSError) as exc:
+            console = Console(stderr=True)
+            if ctx.params.get("verbose"):
+                console.out("".join(traceback.format_exception(exc)), highlight=False, end="")
+            # soft_wrap: one line however narrow the terminal, so the error stays grep-able.
+            console.print(Text(f"error: {_one_line(str(exc))}", style="bold red"), soft_wrap=True)
+            raise typer.Exit(2) from exc
+
+
+def _one_line(message: str) -> str:
+    """A multi-line message (a list of problems, a trace location and fixes) joined into one line with '; '."""
+    parts = [line.strip() for line in message.splitlines() if line.strip()]
+    last = len(parts) - 1
+    return " ".join(p if i == last or p.endswith((":", ";", ".")) else p + ";" for i, p in enumerate(parts))
+
+
+app = typer.Typer(
+    name="prunefx",
+    help="Structured pruning for PyTorch: channel-dependency analysis, cost and reports.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,  # locals of a model forward are megabytes of tensors
+)
+for command in (analyze, flops, report):
+    app.command(cls=_Command)(command)
+
+
+def main() -> None:
+    """Entry point of the ``prunefx`` console script."""
+    app(prog_name="prunefx")

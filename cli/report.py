@@ -1,0 +1,24 @@
+"""``prunefx report RUN_DIR``: re-render a pruning run's report from its report.json."""
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from prunefx.report import load_report, render_table, write_report
+
+
+def report(
+    run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="Directory of a pruning run (holds report.json).")],
+    write: Annotated[bool, typer.Option("--write", help="Also rewrite report.json, report.md and the plots.")] = False,
+    # Read by cli.main's error handler, which is the only code that needs it.
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="On error, also print the traceback.")] = False,
+) -> None:
+    """Print the results table of the run in RUN_DIR, validating its report.json."""
+    data = load_report(run_dir)
+    console = Console()
+    console.print(render_table(data))
+    if write:
+        for path in write_report(run_dir, data):
+            console.out(f"wrote {path}")

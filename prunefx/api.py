@@ -1,0 +1,62 @@
+"""One call from model to pruned model: analyze -> score -> plan -> apply.
+
+    result = prunefx.prune(model, torch.randn(1, 3, 224, 224), PlanConfig(flops=0.5), criterion="bn_scale")
+    print(result.plan.summary())
+
+Each step is public on its own (``analyze``, ``importance.score``, ``make_plan``, ``apply_plan``,
+``verify``) so research code can swap in its own criterion or plan.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from .analysis import DependencyGraph, analyze
+from .importance import Scores, score
+from .plan import CostModel, PlanConfig, PruningPlan, make_plan
+from .rewrite import apply_plan
+from .verify import VerifyResult, verify
+
+
+@dataclass(frozen=True)
+class PruneResult:
+    """What :func:`prune` did: the plan, the analysis it was made from, the scores and the check."""
+
+    model: nn.Module
+    plan: PruningPlan
+    graph: DependencyGraph
+    scores: Scores
+    verified: VerifyResult | None
+
+
+def prune(
+    model: nn.Module,
+    example_inputs: Sequence[Any] | torch.Tensor,
+    config: PlanConfig | None = None,
+    *,
+    criterion: str = "bn_scale",
+    check: bool = True,
+    **score_kwargs: Any,
+) -> PruneResult:
+    """Prune ``model`` in place to ``config``'s target and (with ``check``) verify it against the masked original.
+
+    ``score_kwargs`` go to :func:`prunefx.importance.score` (``fallback``, ``calibration``, ``loss_fn``, ``seed``).
+    """
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
+    config = config or PlanConfig(ratio=0.3)
+    dg = analyze(model, example_inputs)
+    scores = score(model, dg, criterion, **score_kwargs)
+    needs_cost = config.flops is not None or config.params is not None
+    cost = CostModel(model, dg, example_inputs) if needs_cost or check else None
+    plan = make_plan(dg, scores.values, config, criterion=criterion, cost=cost)
+    original = copy.deepcopy(model) if check else None
+    apply_plan(model, dg, plan, graph_rewrite=config.graph_rewrite)
+    verified = verify(original, model, plan, example_inputs) if check else None
+    return PruneResult(model, plan, dg, scores, verified)

@@ -1,0 +1,37 @@
+"""Model factories for ``package.module:factory`` SPECs in the CLI and load_spec tests."""
+
+from torch import nn
+
+
+def tiny_cnn() -> nn.Module:
+    """conv -> BN -> ReLU -> conv -> pool -> linear: two prunable groups, fast to analyze, measure and time."""
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+        nn.Conv2d(8, 16, 3, stride=2), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10),
+    )  # fmt: skip
+
+
+def gray_cnn() -> nn.Module:
+    """A single-channel model: its forward rejects the RGB batch load_spec builds for a factory."""
+    return nn.Sequential(nn.Conv2d(1, 4, 3), nn.Flatten())
+
+
+class _Gated(nn.Module):
+    def forward(self, x):
+        return x if x.sum() > 0 else -x  # control flow on tensor values: torch.fx cannot trace it
+
+
+def untraceable() -> nn.Module:
+    """A model whose root forward branches on data: analyze fails with a (multi-line) TraceFailure."""
+    return _Gated()
+
+
+def not_a_module() -> dict:
+    return {"conv": nn.Conv2d(3, 3, 1)}
+
+
+def broken() -> nn.Module:
+    raise RuntimeError("no weights for this architecture")
+
+
+LAYER = nn.Conv2d(3, 3, 1)  # a module instance, not a factory

@@ -12,6 +12,7 @@ from prunefx.errors import PrunefxError
 
 from .analyze import analyze
 from .flops import flops
+from .prune import prune
 from .report import report
 
 
@@ -50,7 +51,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_show_locals=False,  # locals of a model forward are megabytes of tensors
 )
-for command in (analyze, flops, report):
+for command in (analyze, flops, prune, report):
     app.command(cls=_Command)(command)
 
 

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from .analysis import DependencyGraph, analyze
+from .compensate import Compensation, compensate
 from .importance import Scores, score
 from .plan import CostModel, PlanConfig, PruningPlan, make_plan
 from .rewrite import apply_plan
@@ -33,6 +34,7 @@ class PruneResult:
     graph: DependencyGraph
     scores: Scores
     verified: VerifyResult | None
+    compensation: Compensation | None = None
 
 
 def prune(
@@ -42,10 +44,13 @@ def prune(
     *,
     criterion: str = "bn_scale",
     check: bool = True,
+    bias_compensation: bool | None = None,
     **score_kwargs: Any,
 ) -> PruneResult:
     """Prune ``model`` in place to ``config``'s target and (with ``check``) verify it against the masked original.
 
+    ``bias_compensation`` (default: on for ``bn_scale``) folds the removed channels' mean contribution
+    into their consumers first; the oracle then checks against the equally compensated original.
     ``score_kwargs`` go to :func:`prunefx.importance.score` (``fallback``, ``calibration``, ``loss_fn``, ``seed``).
     """
     if isinstance(example_inputs, torch.Tensor):
@@ -56,7 +61,10 @@ def prune(
     needs_cost = config.flops is not None or config.params is not None
     cost = CostModel(model, dg, example_inputs) if needs_cost or check else None
     plan = make_plan(dg, scores.values, config, criterion=criterion, cost=cost)
-    original = copy.deepcopy(model) if check else None
+    if bias_compensation is None:
+        bias_compensation = criterion == "bn_scale"
+    compensation = compensate(model, dg, plan, example_inputs) if bias_compensation else None
+    original = copy.deepcopy(model) if check else None  # after compensation: values, not shapes, changed
     apply_plan(model, dg, plan, graph_rewrite=config.graph_rewrite)
     verified = verify(original, model, plan, example_inputs) if check else None
-    return PruneResult(model, plan, dg, scores, verified)
+    return PruneResult(model, plan, dg, scores, verified, compensation)

@@ -15,26 +15,28 @@ def norm_dim(d: int, ndim: int) -> int:
 
 
 def pointwise(ctx: Any, operands: list[Any] | None = None, out_shape: tuple[int, ...] | None = None) -> Lab:
-    """Element-wise op: operands that span a dim with the output are sliced together along it.
-
-    Labels along a dim are merged across every operand of full size there; an operand of full size
-    with no labels (a model input, a constant) freezes the others; a labeled operand broadcast across
-    a larger dim is frozen (its single channel cannot go).
-    """
+    """Element-wise op: operands that span a dim with the output are sliced together along it."""
     operands = list(ctx.args) if operands is None else operands
-    tensors = [a for a in operands if ctx.is_tensor(a)]
-    if out_shape is None:
-        out_shape = tuple(ctx.out.shape)
+    parts = [(ctx.lab(a), ctx.shape(a)) for a in operands if ctx.is_tensor(a)]
+    out_shape = tuple(ctx.out.shape) if out_shape is None else out_shape
+    return Lab(broadcast_merge(ctx, parts, out_shape, "element-wise with an operand whose channels cannot be sliced"))
+
+
+def broadcast_merge(ctx: Any, parts: list[tuple[Lab, tuple[int, ...]]], out_shape: tuple[int, ...], why: str) -> tuple:
+    """Labels of a broadcast result: per dim, merge the labels of every operand of full size there.
+
+    An operand of full size with no labels (a model input, a constant) freezes the others (``why``);
+    a labeled operand broadcast across a larger dim is frozen (its single channel cannot go).
+    """
     nd = len(out_shape)
     dims: list[np.ndarray | None] = [None] * nd
     for d in range(nd):
         labeled, unlabeled = [], False
-        for a in tensors:
-            shp = ctx.shape(a)
+        for lab, shp in parts:
             k = d - (nd - len(shp))
             if k < 0:
                 continue
-            arr = ctx.lab(a).dims[k]
+            arr = lab.dims[k]
             if shp[k] != out_shape[d]:
                 if arr is not None:
                     ctx.freeze(arr, "a single channel broadcast across many")
@@ -47,9 +49,9 @@ def pointwise(ctx: Any, operands: list[Any] | None = None, out_shape: tuple[int,
             for other in labeled[1:]:
                 ctx.union(labeled[0], other)
             if unlabeled:
-                ctx.freeze(labeled[0], "element-wise with an operand whose channels cannot be sliced")
+                ctx.freeze(labeled[0], why)
             dims[d] = labeled[0]
-    return Lab(tuple(dims))
+    return tuple(dims)
 
 
 def passthrough(ctx: Any) -> Lab:

@@ -10,6 +10,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 
 from ..analysis.values import Lab
+from .common import broadcast_merge
 from .registry import register_rule
 
 
@@ -34,32 +35,11 @@ def matmul(ctx) -> Lab:
     batch_y = Lab(ly.dims[:-2])
     batch_shape = tuple(ctx.out.shape[:-2])
     # Batch dims broadcast like an element-wise op; reuse it on the batch part of each operand.
-    batch = _broadcast_batch(ctx, [(batch_x, ctx.shape(x)[:-2]), (batch_y, ctx.shape(y)[:-2])], batch_shape)
+    parts = [(batch_x, ctx.shape(x)[:-2]), (batch_y, ctx.shape(y)[:-2])]
+    batch = broadcast_merge(ctx, parts, batch_shape, "batched matmul against unsliceable batch dims")
     dims = (*batch, lx.dims[-2], ly.dims[-1])
     assert len(dims) == out_nd
     return Lab(dims)
-
-
-def _broadcast_batch(ctx, parts, out_shape) -> tuple:
-    nd = len(out_shape)
-    out: list = [None] * nd
-    for d in range(nd):
-        labeled, unlabeled = [], False
-        for lab, shp in parts:
-            k = d - (nd - len(shp))
-            if k < 0 or shp[k] != out_shape[d]:
-                continue
-            if lab.dims[k] is None:
-                unlabeled = True
-            else:
-                labeled.append(lab.dims[k])
-        if labeled:
-            for o in labeled[1:]:
-                ctx.union(labeled[0], o)
-            if unlabeled:
-                ctx.freeze(labeled[0], "batched matmul against unsliceable batch dims")
-            out[d] = labeled[0]
-    return tuple(out)
 
 
 @register_rule(F.linear)
@@ -140,5 +120,5 @@ def sdpa(ctx) -> Lab:
         _contract(ctx, lq.dims[-1], lk.dims[-1])
     _contract(ctx, lk.dims[-2], lv.dims[-2])
     parts = [(Lab(ctx.lab(t).dims[:-2]), ctx.shape(t)[:-2]) for t in (q, k, v)]
-    batch = _broadcast_batch(ctx, parts, tuple(ctx.out.shape[:-2]))
+    batch = broadcast_merge(ctx, parts, tuple(ctx.out.shape[:-2]), "attention over unsliceable batch dims")
     return Lab((*batch, lq.dims[-2], lv.dims[-1]))

@@ -20,7 +20,7 @@ def _seed():
 # Slow tests run in the same command as the rest, while a wall-clock budget lasts (CI has 90 minutes
 # for install + tests); past it they are skipped with a reason, never silently dropped.
 _START = __import__("time").monotonic()
-_SLOW_BUDGET_S = float(os.environ.get("PRUNEFX_SLOW_BUDGET_S", 50 * 60))
+_SLOW_BUDGET_S = float(os.environ.get("PRUNEFX_SLOW_BUDGET_S", 40 * 60))
 
 
 def pytest_runtest_setup(item):

@@ -183,7 +183,8 @@ def _slice_tensors(model: nn.Module, tensors: dict[str, torch.Tensor], slices) -
             data = old.detach()
             for dim, idx in dims:
                 data = data.index_select(dim, idx.to(data.device))
-            new = nn.Parameter(data.clone(), requires_grad=old.requires_grad) if isinstance(old, nn.Parameter) else data.clone()
+            # index_select already returns fresh memory: no copy of the old tensor is kept alive
+            new = nn.Parameter(data, requires_grad=old.requires_grad) if isinstance(old, nn.Parameter) else data
             done[id(old)] = new
         owner_name, _, attr = name.rpartition(".")
         owner = model.get_submodule(owner_name)

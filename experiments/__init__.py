@@ -1,0 +1,1 @@
+"""Benchmarks and experiments on prunefx; run each as ``python -m experiments.<name>``."""

@@ -141,7 +141,11 @@ def validate_plan(dg: DependencyGraph, plan: PruningPlan, *, graph_rewrite: bool
 
 
 def apply_plan(model: nn.Module, dg: DependencyGraph, plan: PruningPlan, *, graph_rewrite: bool = False) -> nn.Module:
-    """Prune ``model`` in place according to ``plan`` (made from ``dg``, the analysis of this model)."""
+    """Prune ``model`` in place according to ``plan`` (made from ``dg``, the analysis of this model).
+
+    Returns ``model``; when the plan needed literal channel counts in forward rewritten (``graph_rewrite``),
+    returns the recompiled GraphModule ``dg.gm`` instead, which shares the pruned modules.
+    """
     validate_plan(dg, plan, graph_rewrite=graph_rewrite)
     sorted_roots, keep = keep_by_root(dg, plan)
     slices: dict[str, list[tuple[int, torch.Tensor]]] = {}
@@ -169,8 +173,9 @@ def apply_plan(model: nn.Module, dg: DependencyGraph, plan: PruningPlan, *, grap
     from .integrations.attributes import fix_container_attributes
 
     fix_container_attributes(model)
-    if consts:
+    if consts:  # the literals live in the traced graph: hand back the GraphModule that holds them
         _rewrite_constants(dg, consts)
+        return dg.gm
     return model
 
 

@@ -27,6 +27,13 @@ def couple_blocks(ctx, atoms: np.ndarray, blocks: int, what: str) -> np.ndarray:
 
 def _conv_like(ctx, transposed: bool) -> Lab:
     m, lab = ctx.module, ctx.lab(ctx.args[0])
+    if lab.ndim == m.weight.dim() - 1:  # unbatched (C, *spatial): channels are dim 0
+        out = _conv_batched(ctx, m, Lab((None, *lab.dims)), transposed)
+        return Lab(out.dims[1:])
+    return _conv_batched(ctx, m, lab, transposed)
+
+
+def _conv_batched(ctx, m, lab: Lab, transposed: bool) -> Lab:
     name, g = ctx.name, m.groups
     _freeze_dims(ctx, lab, range(2, lab.ndim), "a convolution slides over this channel dim")
     xin = lab.dims[1] if lab.ndim > 1 else None

@@ -67,6 +67,9 @@ def conv_fn(ctx) -> Lab:
         ctx.freeze([lx, lw], "functional grouped convolution")
         return Lab.none(ctx.out.dim())
     _contract(ctx, lx.dims[1], lw.dims[1])
+    for d in range(2, lw.ndim):  # kernel taps are not channels
+        if lw.dims[d] is not None:
+            ctx.freeze(lw.dims[d], "convolution kernel dims")
     out = lw.dims[0]
     if b is not None and ctx.is_tensor(b):
         _contract(ctx, out, ctx.lab(b).dims[0])

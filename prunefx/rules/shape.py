@@ -263,15 +263,22 @@ def split(ctx) -> tuple:
     segments = [arr[bounds[k] : bounds[k + 1]] for k in range(len(outs))]
     spec = ctx.arg(1, "split_size_or_sections" if method == "split" else "chunks")
     if method == "chunk" or (method == "split" and isinstance(spec, int)):
-        full = [s for s in segments if len(s) == len(segments[0])]
-        if len(full) > 1:
-            ctx.equal_count(full, f"{method}({spec}) needs equal pieces")
+        if len({len(s) for s in segments}) > 1:
+            # chunk/split(int) recompute piece sizes from the total: an uneven last piece cannot be kept
+            # consistent with any other count pattern, so the channels stay.
+            ctx.freeze(arr, f"{method}({spec}) into uneven pieces")
+        elif len(segments) > 1:
+            ctx.equal_count(segments, f"{method}({spec}) needs equal pieces")
         if method == "split":
             check_size(ctx, spec, segments[0], None, ("args", 1))
     elif method in ("split", "split_with_sizes") and isinstance(spec, (list, tuple)):
         for k, s in enumerate(spec):
             ref = ctx.aval(s)
             check_size(ctx, ref, segments[k], None, ("args", 1, k) if not isinstance(s, fx.Node) else None)
+        literal = [s for s in spec if not isinstance(s, fx.Node)]
+        if len(literal) == len(spec) > 1 and len(set(literal)) == 1:
+            # equal literal sizes usually come from one attribute (C2PSA: split((c, c))): keep them equal
+            ctx.equal_count(segments, f"split({list(spec)}) pieces sized by one value")
     else:
         ctx.freeze(arr, f"{method} with computed boundaries")
     return tuple(lab.replace(dim, seg) for seg in segments)

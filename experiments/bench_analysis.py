@@ -51,38 +51,19 @@ CSV_FIELDS = [
 
 
 # ---- worker side: build, warm up, time ---------------------------------------------------------------------
-@contextlib.contextmanager
-def _skip_init():
-    import torch
-
-    names = [n for n in dir(torch.nn.init) if n.endswith("_") and not n.startswith("_")]
-    saved = {n: getattr(torch.nn.init, n) for n in names}
-    try:
-        for n in names:
-            setattr(torch.nn.init, n, lambda t, *args, **kwargs: t)
-        yield
-    finally:
-        for n, f in saved.items():
-            setattr(torch.nn.init, n, f)
-
-
 def _input_size(name: str) -> int:
     return 299 if name == "inception_v3" else 224
 
 
 def _build(name: str, device: str):
     """A torchvision model with random weights, in eval mode: on 'meta' (no memory) or 'cpu' (initialised)."""
-    import torch
     import torchvision
 
     if device == "cpu":
         return torchvision.models.get_model(name, weights=None).eval()
-    try:
-        with torch.device("meta"):
-            return torchvision.models.get_model(name, weights=None).eval()
-    except NotImplementedError:  # RegNet computes its widths with tensors: build on CPU, then move to meta
-        with _skip_init():
-            return torchvision.models.get_model(name, weights=None).to("meta").eval()
+    from prunefx.models import meta_torchvision
+
+    return meta_torchvision(name).eval()
 
 
 def _tiny():

@@ -330,3 +330,33 @@ def _factory(spec: str) -> nn.Module:
     if not isinstance(model, nn.Module):
         raise SpecError(f"factory '{spec}' returned a {type(model).__name__}, not a torch.nn.Module.")
     return model
+
+
+@contextlib.contextmanager
+def _skip_init() -> Iterator[None]:
+    """torch.nn.init's in-place initialisers as no-ops (weights stay uninitialised)."""
+    names = [n for n in dir(torch.nn.init) if n.endswith("_") and not n.startswith("_")]
+    saved = {n: getattr(torch.nn.init, n) for n in names}
+    try:
+        for n in names:
+            setattr(torch.nn.init, n, lambda t, *args, **kwargs: t)
+        yield
+    finally:
+        for n, f in saved.items():
+            setattr(torch.nn.init, n, f)
+
+
+def meta_torchvision(name: str) -> nn.Module:
+    """A torchvision classifier on the meta device (no memory), for analysis of any size.
+
+    Built on meta directly; models whose constructors compute with tensors (RegNet's widths) are built on
+    the CPU with initialisation skipped, then moved to meta.
+    """
+    from torchvision import models
+
+    try:
+        with torch.device("meta"):
+            return models.get_model(name, weights=None)
+    except NotImplementedError:  # "Cannot copy out of meta tensor"
+        with _skip_init():
+            return models.get_model(name, weights=None).to("meta")

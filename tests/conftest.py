@@ -10,6 +10,26 @@ setup_offline()
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 
+@pytest.fixture
+def no_network(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Refuse DNS lookups and socket connects, recording each attempt (nothing may download)."""
+    import socket
+
+    attempts: list[str] = []
+
+    def refuse_lookup(host, *args, **kwargs):
+        attempts.append(f"getaddrinfo {host}")
+        raise socket.gaierror(socket.EAI_NONAME, "network disabled in tests")
+
+    def refuse_connect(self, address):
+        attempts.append(f"connect {address}")
+        raise OSError("network disabled in tests")
+
+    monkeypatch.setattr(socket, "getaddrinfo", refuse_lookup)
+    monkeypatch.setattr(socket.socket, "connect", refuse_connect)
+    return attempts
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     import torch

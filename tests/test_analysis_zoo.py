@@ -8,7 +8,6 @@ weight initialisation skipped (the analysis never reads weight values) and then 
 
 from __future__ import annotations
 
-import contextlib
 
 import numpy as np
 import pytest
@@ -18,6 +17,7 @@ import torchvision
 from torch import nn
 
 import prunefx
+from prunefx.models import meta_torchvision
 from prunefx.shapes import VALUE_KEY
 
 ZOO = torchvision.models.list_models(module=torchvision.models)
@@ -50,28 +50,8 @@ SLOW = {
 SLOW_PARAMS = 50_000_000
 
 
-@contextlib.contextmanager
-def skip_init():
-    """Make torch.nn.init's in-place initialisers no-ops (weights stay uninitialised: nothing is touched)."""
-    names = [n for n in dir(torch.nn.init) if n.endswith("_") and not n.startswith("_")]
-    saved = {n: getattr(torch.nn.init, n) for n in names}
-    try:
-        for n in names:
-            setattr(torch.nn.init, n, lambda t, *args, **kwargs: t)
-        yield
-    finally:
-        for n, f in saved.items():
-            setattr(torch.nn.init, n, f)
-
-
 def build(name: str) -> nn.Module:
-    try:
-        with torch.device("meta"):
-            return torchvision.models.get_model(name, weights=None)
-    except NotImplementedError:  # "Cannot copy out of meta tensor": RegNet computes widths with tensors
-        assert name.startswith("regnet"), name
-        with skip_init():
-            return torchvision.models.get_model(name, weights=None).to("meta")
+    return meta_torchvision(name)
 
 
 def input_size(name: str) -> int:

@@ -27,22 +27,6 @@ SMALL = dict(n_train=12, n_val=4, imgsz=96, seed=7)
 COLOR_TOL = 70
 
 
-@pytest.fixture
-def no_network(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Refuse DNS lookups and socket connects, recording each attempt."""
-    attempts: list[str] = []
-
-    def refuse_lookup(host, *args, **kwargs):
-        attempts.append(f"getaddrinfo {host}")
-        raise socket.gaierror(socket.EAI_NONAME, "network disabled in tests")
-
-    def refuse_connect(self, address):
-        attempts.append(f"connect {address}")
-        raise OSError("network disabled in tests")
-
-    monkeypatch.setattr(socket, "getaddrinfo", refuse_lookup)
-    monkeypatch.setattr(socket.socket, "connect", refuse_connect)
-    return attempts
 
 
 def _file_hashes(root: Path) -> dict[str, str]:

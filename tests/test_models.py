@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,22 +25,10 @@ YOLOV8N_PARAMS = 3_157_200  # nc=80, as ultralytics' own summary prints it
 
 
 @pytest.fixture(autouse=True)
-def no_network(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """Refuse DNS lookups and socket connects: building an architecture must never try to download weights."""
-    attempts: list[str] = []
-
-    def refuse_lookup(host, *args, **kwargs):
-        attempts.append(f"getaddrinfo {host}")
-        raise socket.gaierror(socket.EAI_NONAME, "network disabled in tests")
-
-    def refuse_connect(self, address):
-        attempts.append(f"connect {address}")
-        raise OSError("network disabled in tests")
-
-    monkeypatch.setattr(socket, "getaddrinfo", refuse_lookup)
-    monkeypatch.setattr(socket.socket, "connect", refuse_connect)
-    yield attempts
-    assert not attempts, f"load_spec tried the network: {attempts}"
+def offline(no_network: list[str]) -> Iterator[list[str]]:
+    """Building an architecture must never try to download weights (no_network is in conftest.py)."""
+    yield no_network
+    assert not no_network, f"load_spec tried the network: {no_network}"
 
 
 @pytest.fixture(autouse=True)

@@ -15,7 +15,7 @@ import prunefx.checkpoint
 from prunefx.metrics import measure
 from prunefx.plan import CostModel, PlanConfig, PlanError, PruningPlan, make_plan
 from prunefx.rewrite import apply_plan
-from prunefx.verify import verify
+from prunefx.verify import masked_outputs, verify
 
 from _nets import Patterns, randomize_bn
 
@@ -181,3 +181,33 @@ def test_verify_catches_a_wrong_rewrite():
     with torch.no_grad():  # corrupt one kept channel: the oracle must notice
         model.layer1[0].conv1.weight[0].mul_(2.0)
     assert not verify(original, model, plan, x).ok
+
+
+def test_hard_coded_width_is_skipped_unless_graph_rewrite():
+    class Hard(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.bn = nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16)
+            self.fc = nn.Linear(16 * 4 * 4, 5)
+
+        def forward(self, x):
+            y = torch.relu(self.bn(self.conv(x)))
+            return self.fc(y.view(x.shape[0], 16, -1).flatten(1))  # literal channel count in forward
+
+    x = torch.randn(2, 3, 4, 4)
+    model = randomize_bn(Hard()).eval()
+    dg = prunefx.analyze(model, x)
+    (g,) = dg.groups_of("conv")
+    assert any(m.kind == "const" for m in g.members)
+    plan = make_plan(dg, _random_scores(dg), PlanConfig(ratio=0.5))
+    assert g.id in dict(plan.skipped) and "graph_rewrite" in dict(plan.skipped)[g.id]
+
+    original = copy.deepcopy(model)
+    plan = make_plan(dg, _random_scores(dg), PlanConfig(ratio=0.5, graph_rewrite=True))
+    assert any(p.group == g.id and p.after < p.before for p in plan.groups)
+    with pytest.raises(PlanError, match="graph_rewrite"):
+        apply_plan(copy.deepcopy(model), prunefx.analyze(copy.deepcopy(model), x), plan)
+    pruned = apply_plan(model, dg, plan, graph_rewrite=True)
+    assert isinstance(pruned, torch.fx.GraphModule)  # the rewritten literal lives in the graph
+    reference = masked_outputs(original, prunefx.analyze(original, x), plan, (x,))[0]
+    assert torch.allclose(pruned(x), reference, atol=1e-5)

@@ -33,7 +33,7 @@ UNARY_METHODS = (
     "rsqrt", "sin", "cos", "erf", "clamp", "clamp_", "clamp_min", "clamp_max", "clip", "sign", "square",
     "contiguous", "clone", "detach", "float", "half", "double", "bfloat16", "to", "type", "cpu", "cuda",
     "requires_grad_", "bernoulli_", "uniform_", "normal_", "zero_", "fill_", "floor", "ceil", "round",
-    "reciprocal", "nan_to_num", "new_zeros_like", "hardtanh", "hardtanh_", "div_scalar", "sigmoid_",
+    "reciprocal", "nan_to_num", "hardtanh", "hardtanh_",
 )
 register_rule(*UNARY_MODULES, *UNARY_FUNCTIONS, *UNARY_METHODS)(passthrough)
 

@@ -254,7 +254,7 @@ class Engine:
         labs = [self.env[a] for a in inputs]
         touches = any(isinstance(x, Lab) for x in _flatten(labs)) or any(isinstance(x, torch.Tensor) for x in _flatten(val))
         if not touches:  # pure Python arithmetic on sizes and the like
-            return _size_arith(ctx, val, labs)
+            return size_arith(ctx, val, labs)
         desc = describe_target(ctx.node, ctx.module)
         self.state.unknown[ctx.node.name] = desc
         ctx.freeze(labs, f"no rule for {desc}")
@@ -291,7 +291,7 @@ def _unlabeled(val: Any) -> Any:
     return val
 
 
-def _size_arith(ctx: Ctx, val: Any, labs: list[Any]) -> Any:
+def size_arith(ctx: Ctx, val: Any, labs: list[Any]) -> Any:
     """Ints computed from sizes keep their provenance (``c // 2`` stays tied to ``c``'s channels)."""
     refs = [x for x in _flatten(labs) if isinstance(x, SizeRef)]
     if isinstance(val, int) and not isinstance(val, bool) and refs:

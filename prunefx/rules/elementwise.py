@@ -55,9 +55,9 @@ BINARY = (
 @register_rule(*BINARY)
 def binary(ctx) -> object:
     if not isinstance(ctx.out, torch.Tensor):  # int arithmetic on sizes keeps provenance
-        from ..analysis.engine import _size_arith
+        from ..analysis.engine import size_arith
 
-        return _size_arith(ctx, ctx.out, [ctx.aval(a) for a in ctx.args])
+        return size_arith(ctx, ctx.out, [ctx.aval(a) for a in ctx.args])
     if ctx.node.target in ("type_as",):
         return ctx.lab(ctx.args[0])
     if ctx.node.target == "expand_as":

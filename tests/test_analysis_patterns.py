@@ -12,7 +12,6 @@ import copy
 import inspect
 import itertools
 import operator
-from collections import defaultdict
 
 import pytest
 import torch
@@ -21,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import prunefx
+from _graph_checks import head_consistent
 from prunefx.errors import TraceFailure
 
 
@@ -610,20 +610,6 @@ class ViTAttention(nn.Module):
         return self.head(x + self.proj(y))
 
 
-def qkv_channel_is_head_consistent(pos: tuple[int, ...], where) -> bool:
-    """A channel may be removed from a fused qkv output only if it removes the same offsets from every head,
-    and the same offsets from q and k (they are contracted); ``where(p) -> (part, head, offset)``."""
-    by: dict[tuple[str, int], set[int]] = defaultdict(set)
-    heads = set()
-    for p in pos:
-        part, h, off = where(p)
-        by[(part, h)].add(off)
-        heads.add(h)
-    qk = [by[(part, h)] for part in "qk" for h in heads]
-    v = [by[("v", h)] for h in heads]
-    return all(s == qk[0] for s in qk) and all(s == v[0] for s in v)
-
-
 def assert_qkv_safe(dg, qkv: str, where) -> list:
     """Every channel of a prunable group in ``qkv``'s output is head-consistent; returns those groups."""
     prunable = []
@@ -632,7 +618,7 @@ def assert_qkv_safe(dg, qkv: str, where) -> list:
             continue
         prunable.append(g)
         for pos in positions(g, qkv, "out"):
-            assert qkv_channel_is_head_consistent(pos, where), (g.id, pos)
+            assert head_consistent(pos, where), (g.id, pos)
     return prunable
 
 

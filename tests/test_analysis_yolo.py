@@ -11,7 +11,6 @@ The facts are read from the built modules (``m.add``, ``m.c``, ``Concat.f``), no
 from __future__ import annotations
 
 import functools
-from collections import defaultdict
 
 import pytest
 import torch
@@ -19,7 +18,7 @@ import torch.fx as fx
 from torch import nn
 
 import prunefx
-from prunefx.shapes import VALUE_KEY
+from _graph_checks import head_consistent, producers
 
 ultralytics = pytest.importorskip("ultralytics")
 from ultralytics.nn.modules.block import C2PSA, C2f, C3k, SPPF, Attention, Bottleneck, PSABlock  # noqa: E402
@@ -77,23 +76,6 @@ def output_conv(model, i: int) -> str:
     return f"model.{i}.conv"
 
 
-def producers(gm: fx.GraphModule, node: fx.Node) -> set[str]:
-    """Convs / Linears whose output channels reach ``node`` (walking back through norms, activations, views
-    and concatenations; never through size queries such as ``x.shape``)."""
-    mods = dict(gm.named_modules())
-    found, todo, seen = set(), [node], set()
-    while todo:
-        n = todo.pop()
-        if n in seen:
-            continue
-        seen.add(n)
-        if n.op == "call_module" and isinstance(mods[n.target], (nn.Conv2d, nn.Linear)):
-            found.add(n.target)
-            continue
-        todo.extend(a for a in n.all_input_nodes if isinstance(a.meta.get(VALUE_KEY), torch.Tensor))
-    return found
-
-
 def _nodes(x) -> list[fx.Node]:
     if isinstance(x, fx.Node):
         return [x]
@@ -108,7 +90,7 @@ def returned_producers(dg, skip_keys: tuple[str, ...] = ("feats",)) -> set[str]:
     (out,) = [n for n in dg.gm.graph.nodes if n.op == "output"]
     arg = out.args[0]
     items = [v for k, v in arg.items() if k not in skip_keys] if isinstance(arg, dict) else arg
-    return set().union(*(producers(dg.gm, n) for n in _nodes(items)))
+    return producers(dg.gm, list(_nodes(items)))
 
 
 # ---- C2f / C3k2 ---------------------------------------------------------------------------------------------
@@ -208,7 +190,7 @@ def test_detect_feats_output_is_free(det):
     outputs stay prunable (registered as free outputs for ultralytics models)."""
     model, dg = det
     (out,) = [n for n in dg.gm.graph.nodes if n.op == "output"]
-    feats = set().union(*(producers(dg.gm, n) for n in _nodes(out.args[0]["feats"])))
+    feats = producers(dg.gm, list(_nodes(out.args[0]["feats"])))
     p, head = _head(model)
     assert feats == {output_conv(model, f) for f in head.f}
     for conv in feats:
@@ -260,18 +242,6 @@ def _attention_where(a: Attention):
     return where
 
 
-def _head_consistent(pos: tuple[int, ...], where) -> bool:
-    by: dict[tuple[str, int], set[int]] = defaultdict(set)
-    heads = set()
-    for p in pos:
-        part, h, off = where(p)
-        by[(part, h)].add(off)
-        heads.add(h)
-    qk = [by[(part, h)] for part in "qk" for h in heads]
-    v = [by[("v", h)] for h in heads]
-    return all(s == qk[0] for s in qk) and all(s == v[0] for s in v)
-
-
 def test_attention_qkv_is_pruned_only_head_consistently(yolo11n):
     """What the analysis decides for YOLO11's Attention (reported, then checked for safety): every prunable
     group in the fused qkv output removes the same offsets from every head (q and k together) and carries the
@@ -289,7 +259,7 @@ def test_attention_qkv_is_pruned_only_head_consistently(yolo11n):
         prunable = [g for g in groups if g.prunable]
         for g in prunable:
             for pos in positions(g, qkv, "out"):
-                assert _head_consistent(pos, where), (g.id, pos)
+                assert head_consistent(pos, where), (g.id, pos)
             assert any(m.kind == "const" and m.name in view_nodes for m in g.members), g.id
         # Decision as of this writing: key-dim offsets (q+k of both heads) and head-dim offsets (v of both heads,
         # tied to the residual stream through view(B, C, H, W)) are both prunable.

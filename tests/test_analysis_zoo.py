@@ -17,6 +17,7 @@ import torchvision
 from torch import nn
 
 import prunefx
+from _graph_checks import producers
 from prunefx.models import meta_torchvision
 from prunefx.shapes import VALUE_KEY
 
@@ -61,19 +62,8 @@ def input_size(name: str) -> int:
 # ---- checks -----------------------------------------------------------------------------------------------
 def output_producers(gm: fx.GraphModule) -> set[str]:
     """Convs / Linears whose channels reach a returned tensor (not through size queries)."""
-    mods = dict(gm.named_modules())
     (out,) = [n for n in gm.graph.nodes if n.op == "output"]
-    found, todo, seen = set(), list(out.all_input_nodes), set()
-    while todo:
-        n = todo.pop()
-        if n in seen:
-            continue
-        seen.add(n)
-        if n.op == "call_module" and isinstance(mods[n.target], (nn.Conv2d, nn.Linear)):
-            found.add(n.target)
-            continue
-        todo.extend(a for a in n.all_input_nodes if isinstance(a.meta.get(VALUE_KEY), torch.Tensor))
-    return found
+    return producers(gm, list(out.all_input_nodes))
 
 
 def assert_channels_partitioned(dg, model: nn.Module) -> None:

@@ -1,0 +1,40 @@
+"""Structural checks shared by the analysis tests."""
+
+from collections import defaultdict
+
+import torch
+import torch.fx as fx
+from torch import nn
+
+from prunefx.shapes import VALUE_KEY
+
+
+def producers(gm: fx.GraphModule, nodes: list[fx.Node]) -> set[str]:
+    """Convs / Linears whose output channels reach ``nodes`` (walking back through norms, activations, views
+    and concatenations; never through size queries such as ``x.shape``)."""
+    mods = dict(gm.named_modules())
+    found, todo, seen = set(), list(nodes), set()
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op == "call_module" and isinstance(mods[n.target], (nn.Conv2d, nn.Linear)):
+            found.add(n.target)
+            continue
+        todo.extend(a for a in n.all_input_nodes if isinstance(a.meta.get(VALUE_KEY), torch.Tensor))
+    return found
+
+
+def head_consistent(pos: tuple[int, ...], where) -> bool:
+    """A channel may be removed from a fused qkv output only if it removes the same offsets from every head,
+    and the same offsets from q and k (they are contracted); ``where(p) -> (part, head, offset)``."""
+    by: dict[tuple[str, int], set[int]] = defaultdict(set)
+    heads = set()
+    for p in pos:
+        part, h, off = where(p)
+        by[(part, h)].add(off)
+        heads.add(h)
+    qk = [by[(part, h)] for part in "qk" for h in heads]
+    v = [by[("v", h)] for h in heads]
+    return all(s == qk[0] for s in qk) and all(s == v[0] for s in v)

@@ -369,13 +369,13 @@ def _bisect(measure_fn, masks_for, goal: float, increasing: bool, all_scores: np
     """Find the knob whose plan measures closest to ``goal`` (monotone in the knob)."""
     if scope == "global":  # knob = a threshold between sorted scores: search over their indices
         cands = np.concatenate([[all_scores[0] - 1.0], all_scores])
-        lo, hi = 0, len(cands) - 1
-        value = lambda i: measure_fn(masks_for(float(cands[i])))  # noqa: E731
-    else:
-        steps = 2000
-        cands = np.linspace(0.0, 0.999, steps)
-        lo, hi = 0, steps - 1
-        value = lambda i: measure_fn(masks_for(float(cands[i])))  # noqa: E731
+    else:  # knob = the per-group ratio
+        cands = np.linspace(0.0, 0.999, 2000)
+    lo, hi = 0, len(cands) - 1
+
+    def value(i: int) -> float:
+        return measure_fn(masks_for(float(cands[i])))
+
     # measured value moves away from the unpruned end as i grows; find the first i reaching the goal
     reached = (lambda v: v >= goal - 1e-12) if increasing else (lambda v: v <= goal + 1e-12)
     if not reached(value(hi)):

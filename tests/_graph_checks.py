@@ -38,3 +38,16 @@ def head_consistent(pos: tuple[int, ...], where) -> bool:
     qk = [by[(part, h)] for part in "qk" for h in heads]
     v = [by[("v", h)] for h in heads]
     return all(s == qk[0] for s in qk) and all(s == v[0] for s in v)
+
+
+def positions(group, name: str, role: str, kind: str = "module") -> tuple[tuple[int, ...], ...]:
+    """Per group channel, its positions in the one member (kind, name, role)."""
+    (m,) = [m for m in group.members if m.kind == kind and m.name == name and m.role == role]
+    return m.positions
+
+
+def the_group(dg, name: str, role: str = "out"):
+    """The single group holding ``name``'s ``role`` channels."""
+    gs = dg.groups_of(name, role)
+    assert len(gs) == 1, f"{name}.{role} spans {len(gs)} groups"
+    return gs[0]

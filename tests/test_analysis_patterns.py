@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import prunefx
-from _graph_checks import head_consistent
+from _graph_checks import positions, the_group, head_consistent
 from prunefx.errors import TraceFailure
 
 
@@ -45,17 +45,6 @@ def layout(dg, params: bool = False) -> list[tuple[int, bool, tuple[str, ...]]]:
 def expect(dg, *groups: tuple[int, bool, list[str]], params: bool = False) -> None:
     want = sorted((n, p, tuple(sorted(ms))) for n, p, ms in groups)
     assert layout(dg, params) == want
-
-
-def positions(group, name: str, role: str, kind: str = "module") -> tuple[tuple[int, ...], ...]:
-    (m,) = [m for m in group.members if m.kind == kind and m.name == name and m.role == role]
-    return m.positions
-
-
-def the_group(dg, name: str, role: str = "out"):
-    gs = dg.groups_of(name, role)
-    assert len(gs) == 1, f"{name}.{role} spans {len(gs)} groups"
-    return gs[0]
 
 
 def tied(dg, a, b) -> bool:

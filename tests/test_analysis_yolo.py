@@ -18,7 +18,7 @@ import torch.fx as fx
 from torch import nn
 
 import prunefx
-from _graph_checks import head_consistent, producers
+from _graph_checks import positions, the_group, head_consistent, producers
 
 ultralytics = pytest.importorskip("ultralytics")
 from ultralytics.nn.modules.block import C2PSA, C2f, C3k, SPPF, Attention, Bottleneck, PSABlock  # noqa: E402
@@ -46,17 +46,6 @@ def yolo11n():
 
 
 # ---- helpers ------------------------------------------------------------------------------------------------
-def positions(group, name: str, role: str, kind: str = "module"):
-    (m,) = [m for m in group.members if m.kind == kind and m.name == name and m.role == role]
-    return m.positions
-
-
-def the_group(dg, name: str, role: str = "out"):
-    gs = dg.groups_of(name, role)
-    assert len(gs) == 1, f"{name}.{role} spans {len(gs)} groups"
-    return gs[0]
-
-
 def maps_at_offset(group, src: str, dst: str, offset: int) -> bool:
     """Every channel of ``group`` at position p of ``src``'s output reaches position offset + p of ``dst``'s input."""
     return all(offset + s[0] in d for s, d in zip(positions(group, src, "out"), positions(group, dst, "in")))

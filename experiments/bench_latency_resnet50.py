@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> Path:
              f"Command: `python -m experiments.bench_latency_resnet50{' --quick' if args.quick else ''}`. "
              f"{platform.machine()} CPU, {os.cpu_count()} cores, {args.threads} torch threads, batch {batch}, "
              f"{size}x{size}, warm-up 2, {repeats} repeats, median [p10, p90]; torch {torch.__version__}; "
-             f"load average at the end {load:.1f} (other jobs shared the cores).", "",
+             f"1-min load average at the end {load:.1f} (2.0 = both cores busy with this benchmark alone).", "",
              "| model | variant | GMACs | MACs ratio | median ms [p10, p90] | speedup | speedup / MACs ratio |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from click.core import ParameterSource
 from rich.console import Console
 
 import prunefx
@@ -15,7 +16,8 @@ from prunefx.fileio import atomic_write
 from prunefx.metrics import latency as measure_latency
 from prunefx.metrics import measure, ultralytics_gflops
 from prunefx.models import FORMS, SIZES, load_spec
-from prunefx.report import Stage, build_report, render_table, write_report
+from prunefx.pipeline import is_config, run_config
+from prunefx.report import Stage, build_report, load_report, render_table, write_report
 
 
 class Scope(str, Enum):
@@ -26,7 +28,9 @@ class Scope(str, Enum):
 
 
 def prune(
-    spec: Annotated[str, typer.Argument(metavar="SPEC", help=f"Model: {FORMS}.")],
+    ctx: typer.Context,
+    spec: Annotated[str, typer.Argument(metavar="CONFIG|SPEC", help=f"A pipeline config (configs/yolo.yaml) or a model: {FORMS}.")],
+    overrides: Annotated[list[str] | None, typer.Argument(metavar="[KEY=VALUE]...", help="Config overrides, e.g. epochs=3 prune.target.flops=0.4.", show_default=False)] = None,
     flops: Annotated[float | None, typer.Option(help="Keep this fraction of the MACs/FLOPs, in (0, 1].")] = None,
     ratio: Annotated[float | None, typer.Option(help="Remove this fraction of the prunable channels, in [0, 1).")] = None,
     params: Annotated[float | None, typer.Option(help="Keep this fraction of the parameters, in (0, 1].")] = None,
@@ -40,7 +44,25 @@ def prune(
     latency: Annotated[bool, typer.Option(help="Also measure CPU latency before and after.")] = True,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="On error, also print the traceback.")] = False,
 ) -> None:
-    """Prune SPEC to a FLOPs / params / channel target, check it against the masked original and write a report."""
+    """Run a pipeline config (train, sparsity, prune, fine-tune, report), or prune SPEC once and write a report.
+
+    With a config (e.g. configs/yolo.yaml) every setting is a config key, overridable as key=value; with a model
+    SPEC the options below apply and nothing is trained.
+    """
+    if is_config(spec):
+        given = [p.name for p in ctx.command.params if p.name not in ("spec", "overrides", "verbose")
+                 and ctx.get_parameter_source(p.name) is not ParameterSource.DEFAULT]
+        if given:
+            raise PrunefxError(f"--{given[0].replace('_', '-')} applies to a model SPEC; with a config write it as "
+                               "key=value (e.g. prune.target.flops=0.5 prune.round_to=8)")
+        console = Console()
+        run = run_config(spec, overrides or (), log=console.print)
+        console.print(render_table(load_report(run.root)))
+        console.print(f"[green]report: {run.root / 'report.md'}[/green] (weights: {run.root / 'weights'})")
+        return
+    if overrides:
+        raise PrunefxError(f"{spec} is not a pipeline config, so key=value overrides ({overrides[0]}) do not apply; "
+                           "give a config yaml (configs/yolo.yaml) or use the options (--flops 0.5)")
     if flops is None and ratio is None and params is None:
         flops = 0.5  # the common ask: half the compute
     config = prunefx.PlanConfig(ratio=ratio, flops=flops, params=params, scope=scope.value, round_to=round_to,

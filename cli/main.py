@@ -9,6 +9,10 @@ from rich.text import Text
 from typer.core import TyperCommand
 
 from prunefx.errors import PrunefxError
+from prunefx.integrations.ultralytics_env import setup_offline
+
+# Before any command imports ultralytics: it fixes its online flag and config dir at import time.
+setup_offline()
 
 from .analyze import analyze
 from .flops import flops

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from click.core import ParameterSource
 from rich.console import Console
 
 import prunefx
@@ -50,8 +49,9 @@ def prune(
     SPEC the options below apply and nothing is trained.
     """
     if is_config(spec):
+        # An option whose value differs from its default was given: it has no meaning for a config.
         given = [p.name for p in ctx.command.params if p.name not in ("spec", "overrides", "verbose")
-                 and ctx.get_parameter_source(p.name) is not ParameterSource.DEFAULT]
+                 and _plain(ctx.params.get(p.name)) != _plain(p.default)]
         if given:
             raise PrunefxError(f"--{given[0].replace('_', '-')} applies to a model SPEC; with a config write it as "
                                "key=value (e.g. prune.target.flops=0.5 prune.round_to=8)")
@@ -85,7 +85,7 @@ def prune(
         result = prunefx.prune(model, inputs, config, criterion=criterion)
     with console.status("measuring the pruned model"):
         pruned = stage()
-    widths = [(_group_name(result.graph.groups[g.group]), g.before, g.after) for g in result.plan.groups]
+    widths = [(result.graph.groups[g.group].label, g.before, g.after) for g in result.plan.groups]
     report = build_report(model=loaded.name, baseline=baseline, pruned=pruned, widths=widths,
                           settings={"spec": spec, "criterion": criterion, "target": result.plan.target,
                                     "verify": result.verified.message, "input_shapes": [list(s) for s in result.plan.input_shapes]})
@@ -117,6 +117,8 @@ def prune(
         raise typer.Exit(1)
 
 
-def _group_name(group: "prunefx.Group") -> str:
-    outs = group.modules("out") or group.modules()
-    return outs[0] if outs else f"group {group.id}"
+def _plain(value: object) -> object:
+    """An option value comparable with its declared default (enums by value, empty lists as None)."""
+    if isinstance(value, Enum):
+        return value.value
+    return None if value in ((), []) else value

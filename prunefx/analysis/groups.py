@@ -77,6 +77,17 @@ class Group:
     def modules(self, role: str | None = None) -> list[str]:
         return [m.name for m in self.members if m.kind == "module" and (role is None or m.role == role)]
 
+    @property
+    def label(self) -> str:
+        """A short human name: the first producing layer and the channels of it the group holds.
+
+        >>> g.label  # the second half of a C2f's chunked cv1 output
+        'model.2.cv1.conv out[16:32]'
+        """
+        members = [m for m in self.members if m.kind == "module"]
+        first = next((m for m in members if m.role == "out"), members[0] if members else None)
+        return f"{first.name} {first.describe()}" if first is not None else f"group {self.id}"
+
     def to_dict(self) -> dict:
         return {
             "id": self.id,

@@ -119,13 +119,15 @@ def render_markdown(report: Mapping[str, Any], plots: Sequence[str] = ()) -> str
 
 
 def render_table(report: Mapping[str, Any]) -> Table:
-    """A rich Table of the stages (costs with relative change, metrics with absolute change)."""
+    """A rich Table for the terminal: one column per stage, one row per cost or metric (fits any metric count)."""
     stages = report["stages"]
     metrics = _metric_names(stages)
-    table = Table(title=f"prunefx: {report['model']}", caption="FLOPs = 2 x MACs; (x%) = change vs baseline")
-    table.add_column("stage", style="bold")
-    for column in (*_COST_COLUMNS, *metrics):
-        table.add_column(column, justify="right")
-    for name, stage in stages.items():
-        table.add_row(name, *_row(stage, metrics))
+    table = Table(title=f"prunefx: {report['model']}",
+                  caption="FLOPs = 2 x MACs; costs: (x%) = change vs baseline; metrics: (+x) = absolute change")
+    table.add_column("quantity", style="bold")
+    for name in stages:
+        table.add_column(name, justify="right")
+    cells = {name: _row(stage, metrics) for name, stage in stages.items()}
+    for i, quantity in enumerate((*_COST_COLUMNS, *metrics)):
+        table.add_row(quantity, *(cells[name][i] for name in stages))
     return table

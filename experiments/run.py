@@ -1,0 +1,79 @@
+"""One entry point for the published tables: ``python -m experiments.run NAME [--quick] [args...]``.
+
+    python -m experiments.run list                 # the experiments and the files they write
+    python -m experiments.run latency_resnet50     # one table, full size
+    python -m experiments.run all --quick          # every experiment at smoke-test size (what CI runs)
+
+Each experiment is a module under ``experiments/`` with ``main(argv)`` writing ``<stem>.md`` and ``<stem>.csv``
+into ``--out`` (default ``experiments/results``). With ``--quick`` and no ``--out`` this runner writes into
+``experiments/results/quick/`` so a smoke run never overwrites a published table.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Experiment:
+    module: str
+    what: str
+    needs: tuple[str, ...] = ()  # optional packages; without them the experiment says so and is skipped
+
+
+EXPERIMENTS = {
+    "analysis_speed": Experiment("experiments.bench_analysis", "analysis time over the torchvision zoo vs Torch-Pruning"),
+    "prune_speed": Experiment("experiments.bench_prune", "score + plan + apply time vs Torch-Pruning's pruner.step()"),
+    "latency_resnet50": Experiment("experiments.bench_latency_resnet50", "ResNet-50 at 2x fewer MACs, batch 32 CPU latency"),
+    "latency_vs_macs": Experiment("experiments.bench_latency", "ResNet-50 / MobileNetV2 at several targets, batch 1 and 32"),
+    "bias_compensation": Experiment("experiments.bias_compensation", "top-1 right after pruning with/without compensation",
+                                    ("sklearn",)),
+    "yolo_synthetic": Experiment("experiments.yolo_synthetic", "yolov8n / yolo11n pipeline at several GFLOPs targets"),
+}
+
+
+def _optional(name: str) -> None:
+    """Register experiments whose modules other work adds (classification pipeline tables) when present."""
+    if importlib.util.find_spec(f"experiments.{name}") is not None:
+        EXPERIMENTS.setdefault(name, Experiment(f"experiments.{name}", "classification pipeline table", ("sklearn",)))
+
+
+_optional("classify_slimming")
+
+
+QUICK_OUT = Path(__file__).parent / "results" / "quick"
+
+
+def run(name: str, argv: list[str]) -> object:
+    exp = EXPERIMENTS[name]
+    missing = [p for p in exp.needs if importlib.util.find_spec(p) is None]
+    if missing:
+        print(f"{name}: skipped, needs {', '.join(missing)} (pip install -e '.[test]')")
+        return None
+    return importlib.import_module(exp.module).main(argv)
+
+
+def main(argv: list[str] | None = None) -> list[object]:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "list"):
+        width = max(map(len, EXPERIMENTS))
+        print(__doc__)
+        for name, exp in EXPERIMENTS.items():
+            print(f"  {name:<{width}}  {exp.what}  ({exp.module})")
+        return []
+    name, rest = argv[0], argv[1:]
+    if "--quick" in rest and "--out" not in rest:
+        rest += ["--out", str(QUICK_OUT)]
+    names = list(EXPERIMENTS) if name == "all" else [name]
+    unknown = [n for n in names if n not in EXPERIMENTS]
+    if unknown:
+        raise SystemExit(f"unknown experiment {unknown[0]!r}; known: all, {', '.join(EXPERIMENTS)}")
+    return [r for n in names if (r := run(n, rest)) is not None]
+
+
+if __name__ == "__main__":
+    main()

@@ -58,6 +58,63 @@ def run_one(model: str, target: float, runs: Path, extra: list[str], baseline: P
     }  # fmt: skip
 
 
+def narrower(model: str, target: float, nc: int):
+    """``model`` with its width multiple scaled down (bisection) until its GFLOPs are ``target`` of the original."""
+    from ultralytics.nn.tasks import DetectionModel, yaml_model_load
+
+    from prunefx.metrics import ultralytics_gflops
+
+    cfg = yaml_model_load(f"{model}.yaml")
+    depth, width, max_ch = cfg["scales"][cfg["scale"]]
+    goal = target * ultralytics_gflops(DetectionModel(cfg, nc=nc, verbose=False), 640)
+    lo, hi = 0.2 * width, width
+    for _ in range(12):  # GFLOPs grow monotonically with the width multiple (rounded to 8 channels)
+        mid = (lo + hi) / 2
+        cfg["scales"][cfg["scale"]] = [depth, mid, max_ch]
+        lo, hi = (mid, hi) if ultralytics_gflops(DetectionModel(cfg, nc=nc, verbose=False), 640) < goal else (lo, mid)
+    cfg["scales"][cfg["scale"]] = [depth, hi, max_ch]
+    return DetectionModel(cfg, nc=nc, verbose=False), hi
+
+
+def control(kind: str, model: str, target: float, runs: Path, extra: list[str], epochs: int) -> dict:
+    """Same total training budget as baseline + sparsity + fine-tune, from scratch: the unpruned model, or a
+    uniformly narrower one with the pruned model's GFLOPs."""
+    import yaml as pyyaml
+
+    from prunefx.integrations.ultralytics_io import save_yolo
+    from prunefx.integrations.ultralytics_train import load_yolo, train_yolo
+    from prunefx.metrics import ultralytics_gflops
+    from prunefx.pipeline import load_config
+    from prunefx.pipeline.yolo import YoloJob, evaluate_yolo, resolve_data
+
+    name = f"{model}-{kind}{target:g}"
+    job = YoloJob.from_config(load_config(CONFIG, [*extra, f"model={model}.yaml", f"project={runs}", f"name={name}"]))
+    data = resolve_data(job)
+    nc = len(pyyaml.safe_load(Path(data).read_text())["names"])
+    start = time.perf_counter()
+    args = {**job.train, "epochs": epochs, "data": data, "project": str(runs / name), "name": "train",
+            "exist_ok": True, "device": "cpu", "amp": False, "workers": 0, "plots": False}
+    if kind == "narrow":
+        net, width = narrower(model, target, nc)
+        best, _ = train_yolo(net, args)
+        what = f"uniformly narrower (width multiple {width:.3f}), from scratch"
+    else:
+        best, _ = train_yolo(f"{model}.yaml", args)
+        what = "unpruned, from scratch"
+    trained = load_yolo(best)
+    weights = runs / name / "best.pt"
+    save_yolo(trained, weights)
+    m = evaluate_yolo(weights, data, job.train, runs / name / "val", name)
+    g = ultralytics_gflops(trained, 640)
+    return {"model": f"{model} ({what}, {epochs} epochs)", "target_flops": target, "gflops640_baseline": g,
+            "gflops640_pruned": g, "gflops_ratio": float("nan"), "params_m_baseline": sum(p.numel() for p in trained.parameters()) / 1e6,
+            "params_m_pruned": sum(p.numel() for p in trained.parameters()) / 1e6, "map50_baseline": m["map50"],
+            "map50_95_baseline": m["map50_95"], "map50_pruned": m["map50"], "map50_95_pruned": m["map50_95"],
+            "map50_finetuned": m["map50"], "map50_95_finetuned": m["map50_95"], "map50_95_loss_points": float("nan"),
+            "latency_ms_baseline": None, "latency_ms_finetuned": None, "run": str(runs / name),
+            "minutes": (time.perf_counter() - start) / 60}
+
+
 def write(rows: list[dict], out: Path, args: argparse.Namespace, stem: str) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     with open(out / f"{stem}.csv", "w", newline="") as fh:
@@ -97,6 +154,8 @@ def main(argv: list[str] | None = None) -> Path:
     ap.add_argument("--quick", action="store_true", help="yolov8n, one target, 1 epoch per stage at imgsz 64")
     ap.add_argument("--models", default="yolov8n,yolo11n")
     ap.add_argument("--targets", default="0.75,0.5,0.35")
+    ap.add_argument("--controls", type=lambda v: [float(t) for t in v.split(",") if t], default=[0.5],
+                    help="targets at which to also train the same-budget controls (unpruned; uniformly narrower)")
     ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "results")
     ap.add_argument("--runs", type=Path, default=ROOT / "runs" / "experiments")
     args = ap.parse_args(argv)
@@ -111,6 +170,15 @@ def main(argv: list[str] | None = None) -> Path:
             rows.append(row)
             baseline = Path(row["run"]) / "weights" / "baseline.pt"
             write(rows, args.out, args, "yolo_synthetic_quick" if args.quick else "yolo_synthetic")
+            if target in args.controls and not args.quick:
+                from prunefx.pipeline import load_config
+                from prunefx.pipeline.yolo import YoloJob
+
+                job = YoloJob.from_config(load_config(CONFIG, extra))
+                budget = int(job.train["epochs"]) + job.prune.sparsity.epochs + job.prune.finetune.epochs
+                for kind in ("unpruned", "narrow"):
+                    rows.append(control(kind, model, target, args.runs, extra, budget))
+                    write(rows, args.out, args, "yolo_synthetic")
     path = write(rows, args.out, args, "yolo_synthetic_quick" if args.quick else "yolo_synthetic")
     print(path.read_text())
     return path

@@ -25,7 +25,7 @@ from torch import nn
 
 from ..errors import PrunefxError
 from ..fileio import atomic_write
-from .config import ConfigError, PruneSpec, check_keys, dump_config
+from .config import ConfigError, PruneSpec, check_keys
 from .rundir import RunDir
 
 # Top-level keys prunefx consumes itself: the run directory (project/name), and how to open it.
@@ -181,7 +181,7 @@ def run_yolo(job: YoloJob, *, log: Callable[[str], None] = print) -> RunDir:
     run = RunDir.open(job.project, job.name, job.config, resume=job.resume, exist_ok=job.exist_ok)
     (run.root / "weights").mkdir(exist_ok=True)
     log(f"run directory: {run.root}")
-    ctx = _Ctx(job, run, _resolve_data(job, log), log)
+    ctx = _Ctx(job, run, resolve_data(job, log), log)
     for i, (name, fn) in enumerate(zip(STAGES, (_baseline, _sparsity, _prune, _finetune, _report)), 1):
         if run.done(name) is not None:
             log(f"[{i}/{len(STAGES)}] {name}: done earlier, skipped")
@@ -199,7 +199,8 @@ def run_yolo(job: YoloJob, *, log: Callable[[str], None] = print) -> RunDir:
     return run
 
 
-def _resolve_data(job: YoloJob, log: Callable[[str], None]) -> str:
+def resolve_data(job: YoloJob, log: Callable[[str], None] = print) -> str:
+    """The job's data yaml; for ``data: null`` the embedded synthetic set, generated on first use into the cache."""
     if job.data is not None:
         return str(Path(job.data).absolute())
     from ..data.shapes import make_shapes_dataset
@@ -213,16 +214,24 @@ def _resolve_data(job: YoloJob, log: Callable[[str], None]) -> str:
 
 
 def _evaluate(ctx: _Ctx, weights: Path, name: str) -> dict[str, float]:
-    """mAP etc. of a checkpoint as ``YOLO(path).val()`` reports it (rect batches, conf 0.001, iou 0.7)."""
+    return evaluate_yolo(weights, ctx.data, ctx.job.train, ctx.run.root / "val", name, log=ctx.log)
+
+
+def evaluate_yolo(weights: Path, data: str, train: Mapping[str, Any], project: Path, name: str,
+                  log: Callable[[str], None] = print) -> dict[str, float]:
+    """mAP etc. of a checkpoint as ``YOLO(path).val()`` reports it (rect batches, conf 0.001, iou 0.7).
+
+    ``train``: the config's ultralytics keys; the ones validation uses (imgsz, batch, device...) are passed on.
+    """
     from ultralytics import YOLO
 
     keep = ("imgsz", "batch", "device", "workers", "half", "conf", "iou", "max_det", "single_cls", "classes", "split")
-    args = {k: v for k, v in ctx.job.train.items() if k in keep}
+    args = {k: v for k, v in train.items() if k in keep}
     args.setdefault("device", "cpu")
     if str(args["device"]).lower() == "cpu":
         args.setdefault("workers", 0)
-    metrics = YOLO(str(weights)).val(data=ctx.data, plots=False, verbose=False, project=str(ctx.run.root / "val"),
-                                     name=name, exist_ok=True, **args)
+    metrics = YOLO(str(weights)).val(data=data, plots=False, verbose=False, project=str(project), name=name,
+                                     exist_ok=True, **args)
     if hasattr(metrics, "box"):  # detection metrics under short names; the box ones for segment/pose too
         out = {"map50": float(metrics.box.map50), "map50_95": float(metrics.box.map),
                "precision": float(metrics.box.mp), "recall": float(metrics.box.mr)}
@@ -230,7 +239,7 @@ def _evaluate(ctx: _Ctx, weights: Path, name: str) -> dict[str, float]:
         out = {"top1": float(metrics.top1), "top5": float(metrics.top5)}
     else:
         out = {k: float(v) for k, v in metrics.results_dict.items() if k != "fitness"}
-    ctx.log(f"  {name}: " + ", ".join(f"{k} {out[k]:.4f}" for k in ("map50", "map50_95", "top1") if k in out))
+    log(f"  {name}: " + ", ".join(f"{k} {out[k]:.4f}" for k in ("map50", "map50_95", "top1") if k in out))
     return out
 
 
@@ -366,4 +375,4 @@ def _report(ctx: _Ctx, info: dict[str, Any]) -> None:
     info["files"] = sorted(p.name for p in run.root.iterdir() if p.is_file())
 
 
-__all__ = ["YoloJob", "run_yolo", "dump_config"]
+__all__ = ["YoloJob", "evaluate_yolo", "run_yolo"]

@@ -167,3 +167,14 @@ def test_interrupt_is_recorded(tmp_path: Path) -> None:
         raise KeyboardInterrupt
     assert json.loads((run.root / "state.json").read_text())["status"] == "interrupted"
     assert not run.is_complete
+
+
+def test_report_of_an_unfinished_run_is_refused(tmp_path: Path) -> None:
+    from prunefx.report import ReportError, load_report
+
+    run = RunDir.open(tmp_path, "r", {})
+    (run.root / "report.json").write_text("{}")  # e.g. written just before a crash
+    with pytest.raises(RunError), run.stage("report"):
+        raise RunError("disk full")
+    with pytest.raises(ReportError, match=r"not complete \(status 'failed' in stage 'report' \(RunError: disk full"):
+        load_report(run.root)

@@ -328,6 +328,7 @@ def write_report(run_dir: str | os.PathLike[str], report: dict[str, Any]) -> lis
 def load_report(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """Read and validate ``run_dir/report.json`` (as written by :func:`write_report`)."""
     path = Path(run_dir) / JSON_NAME
+    _check_finished(Path(run_dir))
     try:
         report = json.loads(path.read_text())
     except FileNotFoundError:
@@ -336,3 +337,19 @@ def load_report(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
         raise ReportError(f"{path} is not valid JSON ({exc}); re-run the pruning to regenerate it.") from exc
     validate_report(report)
     return report
+
+
+def _check_finished(run_dir: Path) -> None:
+    """A pipeline run (it has a state.json) counts only once its last stage finished."""
+    state_path = run_dir / "state.json"
+    if not state_path.is_file():
+        return
+    try:
+        state = json.loads(state_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ReportError(f"{state_path} is corrupt ({exc}); the run cannot be trusted, re-run it") from exc
+    if state.get("status") != "complete":
+        err = state.get("error") or {}
+        where = f" in stage {err['stage']!r} ({err.get('type')}: {err.get('message', '')[:200]})" if err.get("stage") else ""
+        raise ReportError(f"the run in {run_dir} is not complete (status {state.get('status')!r}{where}); "
+                          "continue it with the same config plus resume=true")

@@ -2,7 +2,8 @@
 
 ``run_config`` reads the config, applies the overrides, validates everything, and runs the pipeline the config's
 model calls for: ultralytics models (a model yaml or an ultralytics checkpoint) go through
-:mod:`prunefx.pipeline.yolo`.
+:mod:`prunefx.pipeline.yolo`, classifiers (``torchvision:NAME``, ``package.module:factory``) through
+:mod:`prunefx.pipeline.classify`.
 """
 
 from __future__ import annotations
@@ -33,6 +34,12 @@ def run_config(path: str | os.PathLike[str], overrides: Sequence[str] = (), *,
                log: Callable[[str], None] = print) -> RunDir:
     """Load, validate and run the pipeline config at ``path``; returns the finished run directory."""
     config = load_config(path, overrides)
+    from .classify_model import is_classifier_spec
+
+    if is_classifier_spec(config.get("model")):  # torchvision:NAME or package.module:factory
+        from .classify import ClassifyJob, run_classify
+
+        return run_classify(ClassifyJob.from_config(config, config_name=Path(path).stem), log=log)
     from .yolo import YoloJob, run_yolo
 
     job = YoloJob.from_config(config, config_name=Path(path).stem)

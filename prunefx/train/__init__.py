@@ -1,5 +1,13 @@
-"""Training helpers for pruning: network-slimming sparsity on BatchNorm gammas."""
+"""Training for pruning: network-slimming sparsity on BatchNorm gammas, a classification loop, torch.distributed.
 
+>>> from prunefx.train import TrainConfig, fit, evaluate
+>>> fit(model, data.train, TrainConfig(epochs=10), val=data.val, checkpoint=Path("last.pt"))
+"""
+
+from .distributed import DistContext, DistributedError, init_from_env, spawn
+from .loop import FitResult, Metrics, SparsityConfig, TrainConfig, TrainError, evaluate, fit
 from .sparsity import BNSparsity, Schedule, TargetSparsity, fraction_below, residual_bns, sparsity_stats
 
-__all__ = ["BNSparsity", "Schedule", "TargetSparsity", "fraction_below", "residual_bns", "sparsity_stats"]
+__all__ = ["BNSparsity", "DistContext", "DistributedError", "FitResult", "Metrics", "Schedule", "SparsityConfig",
+           "TargetSparsity", "TrainConfig", "TrainError", "evaluate", "fit", "fraction_below", "init_from_env",
+           "residual_bns", "sparsity_stats", "spawn"]

@@ -82,6 +82,15 @@ class BNSparsity:
             self._handle.remove()
             self._handle = None
 
+    def state_dict(self) -> dict[str, Any]:
+        """What resuming needs: the current strength, the step count and an adaptive schedule's memory."""
+        return {"s": self._s, "steps": self.steps, "schedule": getattr(self.schedule, "_last", None)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._s, self.steps = float(state["s"]), int(state["steps"])
+        if isinstance(self.schedule, TargetSparsity):
+            self.schedule._last = state.get("schedule")
+
     def _pre_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         with torch.no_grad():
             if self.schedule is not None:

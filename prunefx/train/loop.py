@@ -1,0 +1,391 @@
+"""A small classification training loop: SGD/AdamW, warm-up + cosine/step lr, label smoothing, batch augmentation,
+top-1/top-5, an atomic checkpoint every epoch with resume, BN sparsity, and DistributedDataParallel.
+
+>>> cfg = TrainConfig(epochs=10, lr=0.05)
+>>> result = fit(model, data, cfg, checkpoint=Path("run/last.pt"))      # resumes from run/last.pt if present
+>>> evaluate(model, data.test).top1
+
+Determinism: the model's initial weights are the caller's; the shuffle (DistributedSampler, ``seed`` + epoch),
+the augmentation and torch's global RNG are re-seeded from (seed, epoch, rank) at every epoch, so a run resumed
+from an epoch checkpoint continues exactly as the uninterrupted run would have.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from ..errors import PrunefxError
+from ..fileio import atomic_torch_save
+from .distributed import LOCAL, DistContext
+from .sparsity import BNSparsity, TargetSparsity, sparsity_stats
+
+TRAIN_FORMAT = "prunefx.trainstate/1"
+AUGMENTS = ("crop", "flip")
+
+
+class TrainError(PrunefxError):
+    """Training cannot start or continue as configured (bad setting, diverged loss, foreign checkpoint)."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """A training recipe; every field is also a top-level key of a classification config."""
+
+    epochs: int = 10
+    batch: int = 64  # global batch: each of N ranks takes batch / N
+    optimizer: str = "sgd"  # sgd (momentum, nesterov) | adamw
+    lr: float = 0.05
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    schedule: str = "cosine"  # cosine | step | constant, after warmup_epochs of linear warm-up
+    warmup_epochs: float = 0.0
+    lr_steps: tuple[float, ...] = (0.5, 0.75)  # schedule=step: fractions of training where lr *= lr_gamma
+    lr_gamma: float = 0.1
+    label_smoothing: float = 0.0
+    augment: tuple[str, ...] = ("crop",)  # crop (pad + random crop) and/or flip (horizontal)
+    crop_pad: int = 2
+    grad_clip: float | None = None  # max gradient norm; the BN-sparsity term is added after the clip
+    seed: int = 0
+    eval_batch: int = 256
+    workers: int = 0  # DataLoader workers for datasets read from disk
+
+    _KINDS = {"epochs": int, "batch": int, "optimizer": str, "lr": float, "momentum": float, "weight_decay": float,
+              "schedule": str, "warmup_epochs": float, "lr_steps": list, "lr_gamma": float, "label_smoothing": float,
+              "augment": list, "crop_pad": int, "grad_clip": (float, type(None)), "seed": int, "eval_batch": int,
+              "workers": int}
+
+    def __post_init__(self) -> None:
+        checks = [(self.epochs >= 0, "epochs must be >= 0"), (self.batch >= 1, "batch must be >= 1"),
+                  (self.optimizer in ("sgd", "adamw"), f"optimizer must be sgd or adamw, got {self.optimizer!r}"),
+                  (self.lr > 0, "lr must be > 0"), (self.weight_decay >= 0, "weight_decay must be >= 0"),
+                  (self.schedule in ("cosine", "step", "constant"),
+                   f"schedule must be cosine, step or constant, got {self.schedule!r}"),
+                  (all(0 < s < 1 for s in self.lr_steps), "lr_steps must be fractions of training in (0, 1)"),
+                  (0 <= self.label_smoothing < 1, "label_smoothing must be in [0, 1)"),
+                  (all(a in AUGMENTS for a in self.augment), f"augment must be a list of {', '.join(AUGMENTS)}, "
+                                                             f"got {list(self.augment)}"),
+                  (self.crop_pad >= 0 and self.eval_batch >= 1 and self.workers >= 0 and self.warmup_epochs >= 0,
+                   "crop_pad, workers and warmup_epochs must be >= 0 and eval_batch >= 1"),
+                  (self.grad_clip is None or self.grad_clip > 0, "grad_clip must be > 0 or null")]
+        for ok, message in checks:
+            if not ok:
+                raise TrainError(message)
+
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], where: str = "") -> TrainConfig:
+        """Type-checked construction from config keys (``1e-3`` strings and ints are accepted as numbers)."""
+        kw = {k: _coerce(v, cls._KINDS[k], f"{where}{k}") for k, v in d.items() if k in cls._KINDS}
+        for k in ("lr_steps", "augment"):
+            if k in kw:
+                kw[k] = tuple(kw[k])
+        return cls(**kw)
+
+    def updated(self, overrides: Mapping[str, Any], where: str = "") -> TrainConfig:
+        """This recipe with ``overrides`` (e.g. a fine-tuning block's ``lr``) applied and checked."""
+        return TrainConfig.from_dict({**self.to_dict(), **overrides}, where)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        return {**d, "lr_steps": list(self.lr_steps), "augment": list(self.augment)}
+
+
+def _coerce(value: Any, kind: type | tuple[type, ...], key: str) -> Any:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if isinstance(value, str) and float in kinds:
+        try:
+            value = float(value)  # YAML 1.1 reads 1e-3 as a string
+        except ValueError:
+            pass
+    if isinstance(value, int) and not isinstance(value, bool) and float in kinds:
+        value = float(value)
+    if isinstance(value, tuple) and list in kinds:
+        value = list(value)
+    if isinstance(value, str) and list in kinds:
+        value = [value]  # augment: crop
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        names = " or ".join({"int": "an integer", "float": "a number", "str": "a string", "list": "a list",
+                             "NoneType": "null"}[k.__name__] for k in kinds)
+        raise TrainError(f"{key} must be {names}, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class SparsityConfig:
+    """Network-slimming L1 on BatchNorm gammas during :func:`fit` (see :class:`prunefx.train.BNSparsity`)."""
+
+    s: float = 1e-4
+    target: float | None = None  # adapt s with TargetSparsity so this fraction of gammas ends below threshold
+    threshold: float = 1e-2
+    exclude: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """Classification metrics over a whole split (all ranks together)."""
+
+    top1: float
+    top5: float
+    loss: float
+    n: int
+
+    def to_dict(self) -> dict[str, float]:
+        return {"top1": self.top1, "top5": self.top5, "loss": self.loss, "n": self.n}
+
+
+@dataclass(frozen=True)
+class FitResult:
+    """What :func:`fit` did: one history row per epoch (train loss, every rank's loss, val metrics, lr)."""
+
+    history: tuple[dict[str, Any], ...]
+    resumed_from: int = 0  # epochs already done in the checkpoint it resumed from
+    sparsity: dict[str, float] = field(default_factory=dict)
+
+
+def lr_factor(step: int, total: int, warmup: int, cfg: TrainConfig) -> float:
+    """Multiplier of ``cfg.lr`` at optimizer step ``step`` of ``total`` (linear warm-up, then the schedule)."""
+    if step < warmup:
+        return (step + 1) / warmup
+    t = (step - warmup) / max(1, total - warmup)
+    if cfg.schedule == "cosine":
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
+    if cfg.schedule == "step":
+        return cfg.lr_gamma ** sum(t >= s for s in cfg.lr_steps)
+    return 1.0
+
+
+def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
+                               nesterov=cfg.momentum > 0)
+    return torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+def _seed(*parts: int) -> int:
+    return abs(hash(tuple(parts))) % (2 ** 31)  # hash of a tuple of ints is stable across processes
+
+
+def augment_batch(x: torch.Tensor, cfg: TrainConfig, gen: torch.Generator) -> torch.Tensor:
+    """Random crop after zero padding (zero = the dataset mean after normalisation) and horizontal flip, per image."""
+    n, _, h, w = x.shape
+    if "crop" in cfg.augment and cfg.crop_pad > 0:
+        p = cfg.crop_pad
+        padded = F.pad(x, (p, p, p, p))
+        dy = torch.randint(0, 2 * p + 1, (n,), generator=gen).to(x.device)
+        dx = torch.randint(0, 2 * p + 1, (n,), generator=gen).to(x.device)
+        rows = (dy[:, None] + torch.arange(h, device=x.device))[:, None, :, None]
+        cols = (dx[:, None] + torch.arange(w, device=x.device))[:, None, None, :]
+        x = padded[torch.arange(n, device=x.device)[:, None, None, None],
+                   torch.arange(x.shape[1], device=x.device)[None, :, None, None], rows, cols]
+    if "flip" in cfg.augment:
+        flip = (torch.rand(n, generator=gen) < 0.5).to(x.device)
+        x = torch.where(flip[:, None, None, None], x.flip(-1), x)
+    return x
+
+
+def _batches(dataset: Dataset, indices: Sequence[int], batch: int, *, drop_last: bool, workers: int,
+             device: torch.device) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(images, labels) batches of ``dataset[indices]``: whole-batch indexing in memory, a DataLoader from disk."""
+    from ..data.classification import TensorSplit
+
+    if isinstance(dataset, TensorSplit):
+        idx = torch.as_tensor(list(indices), dtype=torch.long)
+        stop = len(idx) - (len(idx) % batch if drop_last else 0)
+        for i in range(0, stop, batch):
+            x, y = dataset[idx[i:i + batch]]
+            yield x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        return
+    loader = DataLoader(torch.utils.data.Subset(dataset, list(indices)), batch_size=batch, shuffle=False,
+                        drop_last=drop_last, num_workers=workers, pin_memory=device.type == "cuda")
+    for x, y in loader:
+        yield x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, dataset: Dataset, *, batch: int = 256, dist: DistContext = LOCAL,
+             workers: int = 0) -> Metrics:
+    """Top-1/top-5 and mean cross-entropy over all of ``dataset``; each rank takes every world_size-th image."""
+    module = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+    was_training = module.training
+    module.eval()
+    # A strided shard, not DistributedSampler: no padding duplicates, so the sums over ranks are exact.
+    shard = range(dist.rank, len(dataset), dist.world_size)
+    sums = torch.zeros(4, dtype=torch.float64)
+    try:
+        for x, y in _batches(dataset, shard, batch, drop_last=False, workers=workers, device=dist.device):
+            out = module(x)
+            k = min(5, out.shape[1])
+            top = out.topk(k, dim=1).indices
+            hit = top == y[:, None]
+            sums += torch.tensor([hit[:, 0].sum().item(), hit.any(1).sum().item(),
+                                  F.cross_entropy(out, y, reduction="sum").item(), len(y)], dtype=torch.float64)
+    finally:
+        module.train(was_training)
+    c1, c5, loss, n = dist.all_reduce_sum(sums).tolist()
+    if n == 0:
+        raise TrainError("cannot evaluate on an empty split")
+    return Metrics(c1 / n, c5 / n, loss / n, int(n))
+
+
+def fit(model: nn.Module, train: Dataset, cfg: TrainConfig, *, val: Dataset | None = None,
+        dist: DistContext = LOCAL, checkpoint: Path | None = None, sparsity: SparsityConfig | None = None,
+        log: Callable[[str], None] = print, progress: bool | None = None,
+        on_epoch: Callable[[int, dict[str, Any]], None] | None = None) -> FitResult:
+    """Train ``model`` (in place, on ``dist.device``) for ``cfg.epochs``; see the module docstring.
+
+    ``checkpoint``: after every epoch rank 0 writes the full training state there (atomically); if the file
+    exists when called, training continues after its last epoch. ``on_epoch(epoch, row)`` runs after each
+    epoch's checkpoint (tests use it to interrupt a run).
+    """
+    model.to(dist.device)
+    module = model
+    if dist.distributed:
+        ddp_kw = {"device_ids": [dist.device.index]} if dist.device.type == "cuda" else {}
+        model = nn.parallel.DistributedDataParallel(module, **ddp_kw)  # also syncs rank 0's weights to all ranks
+    opt = make_optimizer(module, cfg)
+    per_rank = max(1, cfg.batch // dist.world_size)
+    sampler = DistributedSampler(train, num_replicas=dist.world_size, rank=dist.rank, shuffle=True, seed=cfg.seed)
+    drop_last = len(sampler) >= 2 * per_rank  # a lone tiny last batch makes BatchNorm statistics useless
+    steps_per_epoch = len(sampler) // per_rank if drop_last else math.ceil(len(sampler) / per_rank)
+    total, warmup = cfg.epochs * steps_per_epoch, int(cfg.warmup_epochs * steps_per_epoch)
+    reg = None
+    if sparsity is not None:
+        schedule = TargetSparsity(target=sparsity.target, total_steps=max(1, total), threshold=sparsity.threshold) \
+            if sparsity.target is not None else None
+        reg = BNSparsity(module, sparsity.s, exclude=sparsity.exclude, schedule=schedule).attach(opt)
+    history: list[dict[str, Any]] = []
+    start = 0
+    if checkpoint is not None:
+        state = dist.broadcast(_read_state(checkpoint) if dist.is_main and checkpoint.is_file() else None)
+        if state is not None:
+            start, history = _restore(state, module, opt, reg, cfg, checkpoint)
+            log(f"  resumed from {checkpoint} after epoch {start} of {cfg.epochs}")
+    show = (dist.is_main and sys.stdout.isatty()) if progress is None else (progress and dist.is_main)
+    try:
+        for epoch in range(start, cfg.epochs):
+            row = _train_epoch(model, module, train, sampler, opt, reg, cfg, dist, epoch, per_rank, drop_last,
+                               steps_per_epoch, total, warmup, show)
+            if val is not None:
+                row |= {f"val_{k}": v for k, v in evaluate(module, val, batch=cfg.eval_batch, dist=dist,
+                                                           workers=cfg.workers).to_dict().items() if k != "n"}
+            history.append(row)
+            if checkpoint is not None and dist.is_main:
+                atomic_torch_save({"format": TRAIN_FORMAT, "epoch": epoch + 1, "model": module.state_dict(),
+                                   "optimizer": opt.state_dict(), "sparsity": reg.state_dict() if reg else None,
+                                   "history": history, "config": cfg.to_dict(), "world_size": dist.world_size},
+                                  checkpoint)
+            log(f"  epoch {epoch + 1}/{cfg.epochs}: loss {row['loss']:.4f}"
+                + (f", val top-1 {row['val_top1']:.4f}" if "val_top1" in row else "") + f", lr {row['lr']:.2e}")
+            if on_epoch is not None:
+                on_epoch(epoch, row)
+    finally:
+        if reg is not None:
+            reg.detach()
+    module.eval()
+    return FitResult(tuple(history), start, sparsity_stats(module) if reg is not None else {})
+
+
+def _train_epoch(model: nn.Module, module: nn.Module, train: Dataset, sampler: DistributedSampler,
+                 opt: torch.optim.Optimizer, reg: BNSparsity | None, cfg: TrainConfig, dist: DistContext,
+                 epoch: int, per_rank: int, drop_last: bool, steps_per_epoch: int, total: int, warmup: int,
+                 show: bool) -> dict[str, Any]:
+    sampler.set_epoch(epoch)
+    torch.manual_seed(_seed(cfg.seed, epoch, dist.rank))  # dropout etc. reproducible after a resume
+    gen = torch.Generator().manual_seed(_seed(cfg.seed, epoch, dist.rank, 1))
+    module.train()
+    sums = torch.zeros(3, dtype=torch.float64)  # loss * n, correct, n (this rank)
+    bar = _progress(show, f"epoch {epoch + 1}/{cfg.epochs}", steps_per_epoch)
+    try:
+        for i, (x, y) in enumerate(_batches(train, list(sampler), per_rank, drop_last=drop_last,
+                                            workers=cfg.workers, device=dist.device)):
+            step = epoch * steps_per_epoch + i
+            for g in opt.param_groups:
+                g["lr"] = cfg.lr * lr_factor(step, total, warmup, cfg)
+            out = model(augment_batch(x, cfg, gen))
+            loss = F.cross_entropy(out, y, label_smoothing=cfg.label_smoothing)
+            if not torch.isfinite(loss):
+                raise TrainError(f"the training loss became {loss.item()} at epoch {epoch + 1}, step {i + 1} "
+                                 f"(rank {dist.rank}); lower lr (now {opt.param_groups[0]['lr']:.3g}) or add grad_clip")
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.grad_clip is not None:
+                nn.utils.clip_grad_norm_(module.parameters(), cfg.grad_clip)
+            opt.step()  # BNSparsity's pre-hook adds s * sign(gamma) here, after the clip
+            sums += torch.tensor([loss.item() * len(y), (out.argmax(1) == y).sum().item(), len(y)], dtype=torch.float64)
+            if bar is not None:
+                bar[0].update(bar[1], advance=1, description=f"epoch {epoch + 1}/{cfg.epochs} loss {loss.item():.3f}")
+    finally:
+        if bar is not None:
+            bar[0].stop()
+    local = float(sums[0] / max(sums[2], 1))
+    total_sums = dist.all_reduce_sum(sums.clone())
+    row = {"epoch": epoch + 1, "loss": float(total_sums[0] / total_sums[2]), "top1": float(total_sums[1] / total_sums[2]),
+           "rank_loss": [float(v) for v in dist.all_gather(local)], "lr": opt.param_groups[0]["lr"]}
+    if reg is not None:
+        row["sparsity_s"] = reg.step_s
+    return row
+
+
+def _progress(show: bool, description: str, total: int) -> tuple[Any, Any] | None:
+    if not show:
+        return None
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                   transient=True)
+    bar.start()
+    return bar, bar.add_task(description, total=total)
+
+
+def _read_state(path: Path) -> dict[str, Any]:
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - truncated or foreign file
+        raise TrainError(f"cannot resume from {path}: not a readable checkpoint ({type(exc).__name__}: {exc}); "
+                         "delete it to restart this stage from its beginning") from exc
+    if not isinstance(state, dict) or state.get("format") != TRAIN_FORMAT:
+        raise TrainError(f"cannot resume from {path}: not a prunefx training checkpoint; delete it to restart the stage")
+    return state
+
+
+def _restore(state: dict[str, Any], module: nn.Module, opt: torch.optim.Optimizer, reg: BNSparsity | None,
+             cfg: TrainConfig, path: Path) -> tuple[int, list[dict[str, Any]]]:
+    saved = TrainConfig.from_dict(state["config"])
+    if replace(saved, epochs=cfg.epochs) != cfg:
+        raise TrainError(f"cannot resume from {path}: it was trained with another recipe ({_diff(saved, cfg)}); "
+                         "resume with the same settings, or delete it to restart the stage")
+    try:
+        module.load_state_dict(state["model"])
+    except RuntimeError as exc:
+        raise TrainError(f"cannot resume from {path}: its weights do not fit this model ({_first_line(exc)})") from exc
+    opt.load_state_dict(state["optimizer"])
+    if reg is not None and state.get("sparsity"):
+        reg.load_state_dict(state["sparsity"])
+    return min(int(state["epoch"]), cfg.epochs), list(state["history"])
+
+
+def _diff(a: TrainConfig, b: TrainConfig) -> str:
+    return ", ".join(f"{k}: {getattr(a, k)!r} -> {getattr(b, k)!r}" for k in a.keys()
+                     if getattr(a, k) != getattr(b, k) and k != "epochs")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text[:400] + ("..." if len(text) > 400 else "")
+
+
+__all__ = ["AUGMENTS", "TRAIN_FORMAT", "FitResult", "Metrics", "SparsityConfig", "TrainConfig", "TrainError",
+           "augment_batch", "evaluate", "fit", "lr_factor", "make_optimizer"]

@@ -88,6 +88,14 @@ def test_every_stage_from_the_model_yaml(tmp_path: Path) -> None:
     assert metrics.box.map50 == pytest.approx(stages["finetuned"]["metrics"]["map50"], abs=1e-6)
     assert yolo.predict(torch.zeros(1, 3, 64, 64), verbose=False)[0].boxes is not None
 
+    import onnx  # the test extra pins it; ultralytics' exporter needs it
+
+    onnx_path = Path(YOLO(str(run / "weights/best.pt")).export(format="onnx", imgsz=64, simplify=False))
+    graph = onnx.load(str(onnx_path))
+    onnx.checker.check_model(graph)
+    first_conv = next(t for t in graph.graph.initializer if len(t.dims) == 4)
+    assert first_conv.dims[0] == pruned["model.0.conv.weight"][0] < _shapes(run / "weights/baseline.pt")["model.0.conv.weight"][0]
+
 
 @pytest.mark.slow
 def test_interrupted_run_resumes_after_the_last_finished_stage(tmp_path: Path, checkpoint: Path, data_yaml: Path,

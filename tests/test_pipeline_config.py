@@ -90,12 +90,22 @@ def test_shipped_yolo_config_validates_and_keeps_prunefx_keys_from_ultralytics()
         (["data=/nonexistent/data.yaml"], "data yaml /nonexistent/data.yaml not found"),
         (["prune.target.params=0"], r"params must be in \(0, 1\]"),
         (["prune.data.n_images=5"], r"prune.data .*'n_images'"),
+        (["task=segment"], "task=segment but yolov8n.yaml is a detect model"),
+        (["model=yolov8n-seg.yaml"], "embedded synthetic dataset is for detection"),
     ],
 )
 def test_bad_yolo_configs_fail_before_any_work(overrides: list[str], message: str, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=message):
         YoloJob.from_config(load_config(YOLO_CONFIG, [*overrides, f"project={tmp_path}"]))
     assert not any(tmp_path.iterdir())  # nothing was created
+
+
+def test_corrupt_checkpoint_is_an_error(tmp_path: Path) -> None:
+    bad = tmp_path / "best.pt"
+    bad.write_bytes(b"not a checkpoint")
+    with pytest.raises(ConfigError, match=r"cannot load .*best.pt as an ultralytics checkpoint"):
+        YoloJob.from_config(load_config(YOLO_CONFIG, [f"model={bad}", f"project={tmp_path}"]))
+    assert bad.read_bytes() == b"not a checkpoint"  # what the user gave is untouched
 
 
 def test_data_yaml_with_missing_images_is_an_error(tmp_path: Path) -> None:

@@ -76,8 +76,10 @@ class YoloJob:
         if data is not None and not isinstance(data, str):
             raise ConfigError(f"data must be the path of an ultralytics data yaml (or null for the embedded set), got {data!r}")
         train = {k: v for k, v in config.items() if k not in ("prune", "model", "data", *RUN_KEYS) and v is not None}
-        if train.get("task", "detect") not in ("detect", "segment", "pose", "obb", "classify"):
-            raise ConfigError(f"task must be one of detect, segment, pose, obb, classify, got {train['task']!r}")
+        task = _model_task(model)
+        if train.get("task", task) != task:
+            raise ConfigError(f"task={train['task']} but {model} is a {task} model; drop task= or give a {train['task']} model")
+        train["task"] = task
         _check_train_args(train)
         job = cls(model=model, data=data, train=train, prune=spec,
                   project=Path(config.get("project") or "runs/prune"), name=str(config.get("name") or config_name),
@@ -90,27 +92,40 @@ class YoloJob:
     def imgsz(self) -> int:
         return int(self.train.get("imgsz", 640))
 
-    def check_inputs(self) -> None:
-        """Fail now, not after an hour of training: the model resolves and the data yaml and its images exist."""
-        if self.model.endswith(".pt"):
-            if not Path(self.model).is_file():
-                raise ConfigError(f"model checkpoint {self.model} not found; prunefx never downloads weights: give "
-                                  "the path of a local .pt, or a model yaml (e.g. yolov8n.yaml) to train a baseline")
-        elif self.model.endswith((".yaml", ".yml")):
-            from ultralytics.nn.tasks import yaml_model_load
+    @property
+    def task(self) -> str:
+        return str(self.train["task"])
 
-            try:
-                yaml_model_load(self.model)
-            except Exception as exc:
-                raise ConfigError(f"unknown model {self.model!r} ({type(exc).__name__}: {exc}); give an ultralytics "
-                                  "model yaml (yolov8n.yaml, yolo11s.yaml, ...), a yaml path, or a checkpoint .pt") from exc
-        else:
-            raise ConfigError(f"model {self.model!r} is neither a model yaml nor a .pt checkpoint")
+    def check_inputs(self) -> None:
+        """Fail now, not after an hour of training: the data yaml and its images exist (the model: _model_task)."""
         if self.data is None:
-            if self.train.get("task", "detect") != "detect":
+            if self.task != "detect":
                 raise ConfigError("the embedded synthetic dataset is for detection; give data= for other tasks")
             return
         _check_data_yaml(Path(self.data))
+
+
+def _model_task(model: str) -> str:
+    """The ultralytics task of a model yaml or checkpoint, which must resolve or load (never downloaded)."""
+    from ultralytics.nn.tasks import guess_model_task, yaml_model_load
+
+    from ..integrations.ultralytics_train import load_yolo
+
+    if model.endswith(".pt"):
+        if not Path(model).is_file():
+            raise ConfigError(f"model checkpoint {model} not found; prunefx never downloads weights: give the path "
+                              "of a local .pt, or a model yaml (e.g. yolov8n.yaml) to train a baseline")
+        try:
+            return str(load_yolo(model).task)
+        except PrunefxError as exc:
+            raise ConfigError(str(exc)) from exc
+    if model.endswith((".yaml", ".yml")):
+        try:
+            return str(guess_model_task(yaml_model_load(model)))
+        except Exception as exc:
+            raise ConfigError(f"unknown model {model!r} ({type(exc).__name__}: {exc}); give an ultralytics model yaml "
+                              "(yolov8n.yaml, yolo11s.yaml, ...), a yaml path, or a checkpoint .pt") from exc
+    raise ConfigError(f"model {model!r} is neither a model yaml nor a .pt checkpoint")
 
 
 def _check_train_args(train: Mapping[str, Any]) -> None:
@@ -255,7 +270,7 @@ def _baseline(ctx: _Ctx, info: dict[str, Any]) -> None:
         info["source"] = f"checkpoint {job.model}"
     else:
         epochs = int(job.train.get("epochs", 100))
-        best, _ = train_yolo(job.model, ctx.train_args("baseline", {}, epochs), task=job.train.get("task", "detect"))
+        best, _ = train_yolo(job.model, ctx.train_args("baseline", {}, epochs), task=job.task)
         shutil.copyfile(best, target)
         info["source"] = f"trained from {job.model} for {epochs} epochs"
     info["metrics"] = _evaluate(ctx, target, "baseline")
@@ -289,7 +304,7 @@ def _sparsity(ctx: _Ctx, info: dict[str, Any]) -> None:
                          threshold=sp.threshold, s_max=sp.s_max)
     hooks = TrainHooks.for_model(model, cfg)
     _, last = train_yolo(model, ctx.train_args("sparsity", sp.overrides, sp.epochs),
-                         task=ctx.job.train.get("task", "detect"), hooks=hooks)
+                         task=ctx.job.task, hooks=hooks)
     # The last epoch, not the best one: sparsity grows over training and the best mAP is usually early.
     shutil.copyfile(last, ctx.weights / "sparse.pt")
     info["gammas"] = hooks.log
@@ -332,7 +347,7 @@ def _finetune(ctx: _Ctx, info: dict[str, Any]) -> None:
     model = load_yolo(ctx.weights / "pruned.pt")
     expected = param_count(model)
     best, last = train_yolo(model, ctx.train_args("finetune", ft.overrides, ft.epochs),
-                            task=ctx.job.train.get("task", "detect"), hooks=TrainHooks.for_model(model))
+                            task=ctx.job.task, hooks=TrainHooks.for_model(model))
     shutil.copyfile(best, ctx.weights / "best.pt")
     shutil.copyfile(last, ctx.weights / "last.pt")
     got = param_count(load_yolo(ctx.weights / "best.pt"))

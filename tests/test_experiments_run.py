@@ -47,3 +47,9 @@ def test_quick_yolo_table(tmp_path: Path) -> None:
     r = rows[0]
     assert r["model"] == "yolov8n" and float(r["gflops_ratio"]) == pytest.approx(0.5, abs=0.025)
     assert 0 <= float(r["map50_95_finetuned"]) <= 1 and (Path(r["run"]) / "report.json").is_file()
+
+
+def test_readme_tables_match_the_generated_files() -> None:
+    from experiments import readme
+
+    assert readme.main(["--check"]) == 0, "README.md is out of date: run python -m experiments.readme"

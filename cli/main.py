@@ -15,6 +15,7 @@ from prunefx.integrations.ultralytics_env import setup_offline
 setup_offline()
 
 from .analyze import analyze
+from .data import shapes
 from .flops import flops
 from .prune import prune
 from .report import report
@@ -57,6 +58,9 @@ app = typer.Typer(
 )
 for command in (analyze, flops, prune, report):
     app.command(cls=_Command)(command)
+data_app = typer.Typer(help="Datasets prunefx generates (nothing is downloaded).", no_args_is_help=True)
+data_app.command(cls=_Command)(shapes)
+app.add_typer(data_app, name="data")
 
 
 def main() -> None:

@@ -90,6 +90,7 @@ def test_shipped_yolo_config_validates_and_keeps_prunefx_keys_from_ultralytics()
         (["data=/nonexistent/data.yaml"], "data yaml /nonexistent/data.yaml not found"),
         (["prune.target.params=0"], r"params must be in \(0, 1\]"),
         (["prune.data.n_images=5"], r"prune.data .*'n_images'"),
+        (["prune.data.n_train=0"], r"prune.data.n_train must be an integer >= 1"),
         (["task=segment"], "task=segment but yolov8n.yaml is a detect model"),
         (["model=yolov8n-seg.yaml"], "embedded synthetic dataset is for detection"),
     ],
@@ -188,3 +189,16 @@ def test_report_of_an_unfinished_run_is_refused(tmp_path: Path) -> None:
         raise RunError("disk full")
     with pytest.raises(ReportError, match=r"not complete \(status 'failed' in stage 'report' \(RunError: disk full"):
         load_report(run.root)
+
+
+def test_cli_writes_the_embedded_dataset(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    result = CliRunner().invoke(app, ["data", "shapes", str(tmp_path / "d"), "--n-train", "3", "--n-val", "2",
+                                      "--imgsz", "64"])
+    assert result.exit_code == 0, result.output
+    data = yaml.safe_load((tmp_path / "d" / "data.yaml").read_text())
+    assert Path(result.output.strip()) == tmp_path / "d" / "data.yaml" and len(data["names"]) == 4
+    assert len(list((tmp_path / "d").rglob("*.jpg"))) == 5

@@ -68,6 +68,10 @@ class YoloJob:
         prune_block = dict(config.get("prune") or {})
         synthetic = prune_block.pop("data", None) or {}
         check_keys(synthetic, SYNTHETIC_DEFAULTS, "prune.data (the embedded synthetic dataset)")
+        for key, value in synthetic.items():
+            least = 32 if key == "imgsz" else 0 if key == "seed" else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ConfigError(f"prune.data.{key} must be an integer >= {least}, got {value!r}")
         spec = PruneSpec.parse(prune_block, train_keys=known - {"model", "data", *RUN_KEYS})
         model = config.get("model")
         if not model or not isinstance(model, str):

@@ -280,7 +280,7 @@ def _from_disk(spec: DatasetSpec) -> ClassificationData:
         if spec.name == "imagefolder":
             missing = [s for s in ("train", "val") if not (root / s).is_dir()]
             if missing:
-                raise DatasetError(f"ImageFolder root {root} lacks {', '.join(missing)}/; {_layout('imagefolder')}")
+                raise DatasetError(f"ImageFolder root {root} lacks {' and '.join(m + '/' for m in missing)}; {_layout('imagefolder')}")
             train = torchvision.datasets.ImageFolder(str(root / "train"), transform=transform)
             val = torchvision.datasets.ImageFolder(str(root / "val"), transform=transform)
             test = torchvision.datasets.ImageFolder(str(root / "test"), transform=transform) if (root / "test").is_dir() else val

@@ -366,11 +366,18 @@ def _finetune(ctx: _Ctx, info: dict[str, Any]) -> None:
                  dist=ctx.dist, checkpoint=ctx.weights / "finetune_last.pt", log=ctx.log)
     if ctx.dist.is_main:
         save(model, PruningPlan.from_dict(plan), ctx.weights / "finetuned.pt")
-    params = sum(p.numel() for p in model.parameters())
-    info["ranks"] = {"world_size": ctx.dist.world_size, "same_architecture": True, "params": params,
-                     "state_entries": len(signature)}
+    # What each rank trained, as rank 0 gathered it: the architecture (a digest of every tensor's name and shape)
+    # and the parameter count, so state.json shows that every rank fine-tuned the same pruned model.
+    info["ranks"] = [{"rank": r, "arch": digest, "params": n} for r, (digest, n) in
+                     enumerate(ctx.dist.all_gather((_digest(signature), sum(p.numel() for p in model.parameters()))))]
     info["history"] = list(result.history)
     info["metrics"] = ctx.evaluate(model, "finetuned")
+
+
+def _digest(signature: list[tuple[str, tuple[int, ...]]]) -> str:
+    import hashlib
+
+    return hashlib.sha256(repr(signature).encode()).hexdigest()[:16]
 
 
 def _report(ctx: _Ctx, info: dict[str, Any]) -> None:

@@ -27,13 +27,22 @@ def bn_cnn(num_classes: int = 10, in_channels: int = 1, widths: Sequence[int] = 
                          *_block(w3, w4), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(w4, num_classes))
 
 
-def bn_cnn_small(num_classes: int = 10, in_channels: int = 3) -> nn.Sequential:
-    """A cheaper :func:`bn_cnn` for 32 px images: pools after every block but the last (about 1/4 of the MACs).
+def bn_cnn_small(num_classes: int = 10, in_channels: int = 3, widths: Sequence[int] = (32, 64, 64, 128)) -> nn.Sequential:
+    """A cheaper :func:`bn_cnn` for 32 px images: a max-pool right after the first block too (about 1/2 the MACs).
 
     >>> bn_cnn_small(10, 3)(torch.zeros(2, 3, 32, 32)).shape   # torch.Size([2, 10])
     """
-    return nn.Sequential(*_block(in_channels, 32), nn.MaxPool2d(2), *_block(32, 64), *_block(64, 64), nn.MaxPool2d(2),
-                         *_block(64, 128), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, num_classes))
+    w1, w2, w3, w4 = widths
+    return nn.Sequential(*_block(in_channels, w1), nn.MaxPool2d(2), *_block(w1, w2), *_block(w2, w3), nn.MaxPool2d(2),
+                         *_block(w3, w4), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(w4, num_classes))
 
 
-__all__ = ["bn_cnn", "bn_cnn_small"]
+def bn_cnn_synthetic(num_classes: int = 10, in_channels: int = 3) -> nn.Sequential:
+    """The :func:`bn_cnn_small` used by ``experiments/classify_slimming.py`` on the synthetic set (5.2 M MACs at 32 px).
+
+    >>> bn_cnn_synthetic()(torch.zeros(2, 3, 32, 32)).shape   # torch.Size([2, 10])
+    """
+    return bn_cnn_small(num_classes, in_channels, widths=(16, 32, 32, 64))
+
+
+__all__ = ["bn_cnn", "bn_cnn_small", "bn_cnn_synthetic"]

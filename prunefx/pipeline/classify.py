@@ -160,10 +160,12 @@ def run_classify(job: ClassifyJob, *, log: Callable[[str], None] = print) -> Run
         spawn(_spawned_rank, (job, str(run.root)), job.nproc, threads=job.threads)
     except DistributedError as exc:
         run = _reload(run.root)
-        if not run.is_complete:  # rank 0 may have been stopped before it could record why
+        if not run.is_complete:
+            # The failing rank's own error, not what rank 0 saw as a consequence ("connection closed by peer"),
+            # or nothing at all when rank 0 was stopped mid-stage.
+            stage = (run.state.get("error") or {}).get("stage") or run.state.get("current")
             run.state["status"] = "failed"
-            run.state["error"] = run.state.get("error") or {"stage": run.state.get("current"), "type": "DistributedError",
-                                                            "message": str(exc)}
+            run.state["error"] = {"stage": stage, "type": "DistributedError", "message": str(exc)}
             atomic_write(run.root / "state.json", json.dumps(run.state, indent=2, default=str).encode())
         log(f"finished stages are kept in {run.root}; fix the cause and continue with the same config plus: "
             f"resume=true name={run.root.name} project={run.root.parent}")

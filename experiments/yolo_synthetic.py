@@ -130,7 +130,7 @@ def write(rows: list[dict], out: Path, args: argparse.Namespace, stem: str) -> P
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d}; settings from configs/yolo.yaml"
         + (" with the --quick overrides " + " ".join(QUICK) if args.quick else "") + ".",
         "mAP by `YOLO(path).val()` on the synthetic val split; GFLOPs in ultralytics' convention at 640; latency: "
-        "CPU, batch 1 at the training imgsz, median of 50 after 10 warm-up, all cores.", "",
+        "CPU, batch 1 at the training imgsz, median of 20 after 5 warm-up, all cores.", "",
         "| model | target | GFLOPs@640 base -> pruned (ratio) | params M | mAP50-95 baseline | pruned | fine-tuned | "
         "loss (points) | mAP50 base / fine-tuned | latency ms base -> fine-tuned | minutes |",
         "|---|---|---|---|---|---|---|---|---|---|---|",

@@ -1,0 +1,371 @@
+"""Network slimming (bn_scale) vs random / L1 / scratch / uniform controls and Torch-Pruning's BNScalePruner.
+
+    python -m experiments.slimming [--quick] [--out experiments/results] [--threads 1]
+
+A small BN CNN (``prunefx.models_zoo.bn_cnn`` at half width) is trained on prunefx's synthetic set (criteria
+separate there) and on scikit-learn's digits (a sanity row set: it saturates), sparsity-trained, pruned to
+several MACs targets, and fine-tuned at a short and a full budget; every number is the mean +- std over seeds.
+Writes ``slimming.{md,csv,png}`` (``slimming_quick.*`` with ``--quick``) into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import csv
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+import prunefx
+from prunefx.data.classification import ClassificationData, DatasetSpec, load_dataset
+from prunefx.metrics import measure
+from prunefx.models_zoo import bn_cnn
+from prunefx.train import SparsityConfig, TrainConfig, evaluate, fit, fraction_below
+
+WIDTHS = (16, 32, 32, 64)  # half of bn_cnn's default: an epoch of the synthetic set takes seconds on one core
+MAIN = "target0.5"  # the sparsity setting every control is compared at (chosen before the run, not after)
+COLUMNS = ("dataset", "method", "sparsity", "target", "seed", "macs", "macs_kept", "params", "top1_pruned",
+           "top1_short", "top1_full", "gammas_below_0.01", "seconds")
+
+
+@dataclass(frozen=True)
+class Grid:
+    """What one run trains: sizes, epochs, sparsity settings and which methods run at which targets (x fewer MACs)."""
+
+    seeds: tuple[int, ...] = (0, 1, 2)
+    n_train: int = 2500
+    n_test: int = 1000
+    baseline_epochs: int = 12
+    sparsity_epochs: int = 3
+    short_epochs: int = 1
+    full_epochs: int = 4
+    # label -> SparsityConfig; "s=0" is the baseline itself (no sparsity stage)
+    sparsity: tuple[tuple[str, float, float | None], ...] = (("s=0", 0.0, None), ("s=1e-2", 1e-2, None),
+                                                              (MAIN, 1e-3, 0.5))
+    targets: tuple[float, ...] = (1.5, 2.0, 3.0, 4.0)  # bn_scale and Torch-Pruning at the main sparsity
+    control_targets: tuple[float, ...] = (2.0, 4.0)  # random, L1
+    sweep_targets: tuple[float, ...] = (2.0,)  # bn_scale at the other sparsity settings
+    scratch_targets: tuple[float, ...] = (2.0,)  # pruned-architecture-from-scratch and uniform-narrower
+
+    @property
+    def scratch_epochs(self) -> int:
+        return self.baseline_epochs + self.full_epochs
+
+
+FULL = {"synthetic": Grid(), "digits": Grid(baseline_epochs=10, targets=(2.0, 4.0), scratch_targets=(2.0, 4.0))}
+QUICK = {name: Grid(seeds=(0,), n_train=256, n_test=128, baseline_epochs=1, sparsity_epochs=1, full_epochs=1,
+                    sparsity=(("s=0", 0.0, None), (MAIN, 1e-3, 0.5)), targets=(2.0,), control_targets=(2.0,),
+                    sweep_targets=(2.0,), scratch_targets=(2.0,)) for name in ("synthetic", "digits")}
+BASE_LR, FT_LR = 0.05, 0.02
+
+
+def load(name: str, grid: Grid) -> ClassificationData:
+    """The dataset, drawn once (data seed 0) so that seeds vary only initialisation and training order."""
+    if name == "digits":
+        return load_dataset(DatasetSpec(name="digits", image_size=16, seed=0))
+    return load_dataset(DatasetSpec(name="synthetic", n_train=grid.n_train, n_val=1, n_test=grid.n_test, seed=0,
+                                    cache=None))
+
+
+def train(model: nn.Module, data: ClassificationData, epochs: int, lr: float, seed: int,
+          sparsity: SparsityConfig | None = None) -> nn.Module:
+    # No flip: mirroring turns a 45-degree stripe into a 135-degree one, i.e. changes the synthetic set's class.
+    cfg = TrainConfig(epochs=epochs, batch=64, lr=lr, seed=seed, augment=("crop",))
+    fit(model, data.train, cfg, sparsity=sparsity, log=lambda _m: None, progress=False)
+    return model.eval()
+
+
+def top1(model: nn.Module, data: ClassificationData) -> float:
+    return evaluate(model, data.test).top1
+
+
+def reinit(model: nn.Module, seed: int) -> nn.Module:
+    """Fresh parameters (and BN statistics) in the same, possibly pruned, architecture."""
+    torch.manual_seed(seed)
+    for m in model.modules():
+        if hasattr(m, "reset_parameters"):
+            m.reset_parameters()
+    return model
+
+
+def tp_bn_scale(model: nn.Module, x1: torch.Tensor, keep: float) -> nn.Module:
+    """Torch-Pruning's BNScalePruner (global) with its pruning_ratio bisected until prunefx measures ``keep`` of the MACs."""
+    import torch_pruning as tp
+
+    base = measure(model, (x1,)).macs
+    lo, hi, best = 0.0, 0.95, None
+    for _ in range(14):  # the achieved MACs move in channel-sized steps; 14 halvings resolve them
+        mid = (lo + hi) / 2
+        m = copy.deepcopy(model)
+        linears = [mod for mod in m.modules() if isinstance(mod, nn.Linear)]
+        tp.pruner.BNScalePruner(m, x1, importance=tp.importance.BNScaleImportance(), global_pruning=True,
+                                pruning_ratio=mid, max_pruning_ratio=0.9, ignored_layers=linears).step()
+        kept = measure(m, (x1,)).macs / base
+        if best is None or abs(kept - keep) < abs(best[0] - keep):
+            best = (kept, m)
+        lo, hi = (mid, hi) if kept > keep else (lo, mid)
+    return best[1]
+
+
+def have_tp() -> bool:
+    try:
+        import torch_pruning  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def run_dataset(name: str, grid: Grid, log: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Every row of one dataset: baselines, sparse models, pruned + fine-tuned models and controls, per seed."""
+    data = load(name, grid)
+    x, x1 = data.example(64), data.example(1)  # 64 real images: bias compensation measures channel means on them
+    log(f"{name}: {data.summary()}")
+    rows: list[dict[str, Any]] = []
+
+    def row(method: str, sparsity: str, target: float, seed: int, model: nn.Module, t0: float, **values: Any) -> None:
+        m = measure(model, (x1,))
+        rows.append({"dataset": name, "method": method, "sparsity": sparsity, "target": target, "seed": seed,
+                     "macs": m.macs, "macs_kept": m.macs / base_macs, "params": m.params, "top1_pruned": math.nan,
+                     "top1_short": math.nan, "top1_full": math.nan, "gammas_below_0.01": math.nan,
+                     "seconds": round(time.perf_counter() - t0, 1)} | values)
+        r = rows[-1]
+        log(f"  {name} seed {seed} {method:<9} {sparsity:<9} {target:g}x  MACs kept {r['macs_kept']:.3f}  top-1 "
+            + "  ".join(f"{k[5:]} {r[k]:.4f}" for k in ("top1_pruned", "top1_short", "top1_full") if not math.isnan(r[k])))
+
+    def finetune(pruned: nn.Module, seed: int) -> tuple[float, float]:
+        short = train(copy.deepcopy(pruned), data, grid.short_epochs, FT_LR, seed)
+        full = train(pruned, data, grid.full_epochs, FT_LR, seed)
+        return top1(short, data), top1(full, data)
+
+    for seed in grid.seeds:
+        t0 = time.perf_counter()
+        torch.manual_seed(seed)
+        fresh = bn_cnn(data.num_classes, data.channels, WIDTHS)
+        base_macs = measure(fresh, (x1,)).macs
+        baseline = train(copy.deepcopy(fresh), data, grid.baseline_epochs, BASE_LR, seed)
+        row("baseline", "-", 1.0, seed, baseline, t0, top1_full=top1(baseline, data))
+        for label, s, target in grid.sparsity:
+            t0 = time.perf_counter()
+            if s == 0:
+                sparse = baseline
+            else:
+                sparse = train(copy.deepcopy(baseline), data, grid.sparsity_epochs, BASE_LR, seed,
+                               SparsityConfig(s=s, target=target))
+                row("sparse", label, 1.0, seed, sparse, t0, top1_full=top1(sparse, data))
+            gammas = [m.weight for m in sparse.modules() if isinstance(m, nn.BatchNorm2d)]
+            below = fraction_below(gammas, 1e-2)
+            methods = [("bn_scale", grid.targets if label == MAIN else grid.sweep_targets)]
+            if label == MAIN:
+                methods += [("tp_bn_scale", grid.targets), ("random", grid.control_targets),
+                            ("l1", grid.control_targets)]
+            for method, targets in methods:
+                for k in targets:
+                    t0 = time.perf_counter()
+                    if method == "tp_bn_scale":
+                        if not have_tp():
+                            continue  # the table says "skipped: torch-pruning not installed"
+                        pruned = tp_bn_scale(sparse, x1, 1 / k)
+                    else:
+                        pruned = copy.deepcopy(sparse)
+                        prunefx.prune(pruned, x, prunefx.PlanConfig(flops=1 / k), criterion=method, seed=seed)
+                    after = top1(pruned, data)
+                    arch = copy.deepcopy(pruned)
+                    short, full = finetune(pruned, seed)
+                    row(method, label, k, seed, pruned, t0, top1_pruned=after, top1_short=short, top1_full=full,
+                        **{"gammas_below_0.01": below})
+                    if method == "bn_scale" and label == MAIN and k in grid.scratch_targets:
+                        t0 = time.perf_counter()
+                        scratch = train(reinit(arch, seed), data, grid.scratch_epochs, BASE_LR, seed)
+                        row("scratch", label, k, seed, scratch, t0, top1_full=top1(scratch, data))
+        for k in grid.scratch_targets:
+            t0 = time.perf_counter()
+            uniform = copy.deepcopy(fresh)  # every prunable group loses the same fraction; weights are then reset
+            prunefx.prune(uniform, x, prunefx.PlanConfig(flops=1 / k, scope="local"), criterion="l1", check=False)
+            uniform = train(reinit(uniform, seed), data, grid.scratch_epochs, BASE_LR, seed)
+            row("uniform", "-", k, seed, uniform, t0, top1_full=top1(uniform, data))
+    return rows
+
+
+# ---- rendering ------------------------------------------------------------------------------------------------
+
+
+def aggregate(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Mean and std over seeds per (dataset, method, sparsity, target), in first-seen order."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["dataset"], r["method"], r["sparsity"], r["target"]), []).append(r)
+    out = []
+    for (ds, method, sp, k), rs in groups.items():
+        agg = {"dataset": ds, "method": method, "sparsity": sp, "target": k, "n": len(rs),
+               "macs_kept": statistics.fmean(r["macs_kept"] for r in rs), "macs": statistics.fmean(r["macs"] for r in rs)}
+        for col in ("top1_pruned", "top1_short", "top1_full", "gammas_below_0.01"):
+            vals = [r[col] for r in rs if not math.isnan(r[col])]
+            agg[col] = (statistics.fmean(vals), statistics.stdev(vals) if len(vals) > 1 else 0.0) if vals else None
+        out.append(agg)
+    return out
+
+
+def pct(v: tuple[float, float] | None) -> str:
+    return "—" if v is None else f"{100 * v[0]:.1f} ± {100 * v[1]:.1f}"
+
+
+NAMES = {"baseline": "baseline (unpruned)", "sparse": "sparsity-trained (unpruned)", "bn_scale": "prunefx bn_scale",
+         "tp_bn_scale": "Torch-Pruning BNScalePruner", "random": "prunefx random channels", "l1": "prunefx l1",
+         "scratch": "pruned arch. from scratch", "uniform": "uniformly narrower, scratch"}
+
+
+def summary(aggs: Sequence[dict[str, Any]], tp_ok: bool) -> list[str]:
+    """Sentences computed from the means: where bn_scale (main sparsity) beats or trails each control."""
+    lines = []
+    for ds in dict.fromkeys(a["dataset"] for a in aggs):
+        by = {(a["method"], a["sparsity"], a["target"]): a for a in aggs if a["dataset"] == ds}
+        base = by[("baseline", "-", 1.0)]["top1_full"][0]
+        lines.append(f"- **{ds}**: baseline {100 * base:.1f}% top-1.")
+        for (method, sp, k), a in by.items():
+            if method != "bn_scale" or sp != MAIN:
+                continue
+            ours = a["top1_full"][0]
+            parts = [f"bn_scale at {k:g}x fewer MACs: {100 * ours:.1f}% after the full fine-tune "
+                     f"({100 * (ours - base):+.1f} points vs baseline)"]
+            for other, osp in (("tp_bn_scale", MAIN), ("random", MAIN), ("l1", MAIN), ("scratch", MAIN),
+                               ("uniform", "-")):
+                o = by.get((other, osp, k))
+                if o is None:
+                    continue
+                for col, when in (("top1_full", "full"), ("top1_short", "short")):
+                    if a[col] is None or o[col] is None:
+                        continue
+                    d = 100 * (a[col][0] - o[col][0])
+                    noise = " (within one std)" if abs(d) < 100 * max(a[col][1], o[col][1]) else ""
+                    verdict = (f"ties {NAMES[other]}" if abs(d) < 0.05 else
+                               f"{'beats' if d > 0 else 'trails'} {NAMES[other]} by {abs(d):.1f} points")
+                    parts.append(f"{verdict} ({when} fine-tune){noise}")
+            lines.append("  - " + "; ".join(parts) + ".")
+    if not tp_ok:
+        lines.append("- Torch-Pruning rows: skipped: torch-pruning not installed (pip install -e '.[experiments]').")
+    return lines
+
+
+def render(rows: list[dict[str, Any]], grids: dict[str, Grid], args: argparse.Namespace, stem: str) -> str:
+    aggs = aggregate(rows)
+    tp_ok = have_tp()
+    tp_version = __import__("torch_pruning").__version__ if tp_ok else "not installed"
+    cmd = "python -m experiments.slimming" + (" --quick" if args.quick else "") + (
+        f" --threads {args.threads}" if args.threads != 1 else "")
+    g = grids["synthetic"]
+    lines = [f"# Network slimming vs controls and Torch-Pruning ({stem})", "",
+             f"Command: `{cmd}` ({sum(r['seconds'] for r in rows) / 60:.0f} min of training, pruning and evaluation). "
+             f"Machine: {platform.machine()}, {os.cpu_count()} CPUs "
+             f"(shared with other jobs), {torch.get_num_threads()} torch thread(s), Python {platform.python_version()}, "
+             f"torch {torch.__version__}, torch-pruning {tp_version}.", "",
+             f"Setup: `bn_cnn(widths={WIDTHS})` (4 conv-BN-ReLU, {len(g.seeds)} seed(s): {list(g.seeds)}; seeds change "
+             "the initialisation and training order, the data are fixed). "
+             + " ".join(f"{ds}: {gr.baseline_epochs} baseline epochs (SGD lr {BASE_LR}, cosine, crop augmentation), "
+                        f"sparsity stage {gr.sparsity_epochs} epochs from the baseline, fine-tune {gr.short_epochs} "
+                        f"(short) / {gr.full_epochs} (full) epochs at lr {FT_LR}, scratch and uniform controls "
+                        f"{gr.scratch_epochs} epochs;" for ds, gr in grids.items())
+             + f" synthetic: {g.n_train} training / {g.n_test} test images (32 px); digits: 16 px, 70/15/15 split. "
+             "Top-1 on the test split.", "",
+             "Sparsity: `s=0` prunes the baseline itself; `s=1e-2` adds `BNSparsity(s=0.01)`; "
+             f"`{MAIN}` uses `TargetSparsity(target=0.5)` (s adapted so half the gammas end below 0.01). Controls "
+             f"and Torch-Pruning use the `{MAIN}` weights. prunefx rows: `prunefx.prune(PlanConfig(flops=1/k))` "
+             "(global threshold; bn_scale with its default bias compensation, random/l1 without). Torch-Pruning: "
+             "`BNScalePruner(global_pruning=True, max_pruning_ratio=0.9)` with `pruning_ratio` bisected (14 steps) "
+             "until `prunefx.metrics.measure` gives the closest MACs to 1/k; every row reports the MACs measured "
+             "the same way. Scratch: the bn_scale-pruned architecture re-initialised; uniform: every group pruned by "
+             "the same fraction (`scope=\"local\"`), re-initialised; both trained baseline + full fine-tune epochs.",
+             "", "| dataset | method | sparsity | target | MACs kept | top-1 pruned | top-1 short FT | top-1 full FT "
+             "| gammas < 0.01 |", "|---|---|---|---|---|---|---|---|---|"]
+    for a in aggs:
+        gam = "—" if a["gammas_below_0.01"] is None else f"{100 * a['gammas_below_0.01'][0]:.0f}%"
+        lines.append(f"| {a['dataset']} | {NAMES[a['method']]} | {a['sparsity']} | {a['target']:g}x | "
+                     f"{a['macs_kept']:.3f} | {pct(a['top1_pruned'])} | {pct(a['top1_short'])} | "
+                     f"{pct(a['top1_full'])} | {gam} |")
+    if not tp_ok:
+        lines.append("| all | Torch-Pruning BNScalePruner | — | — | — | skipped: torch-pruning not installed | — | — | — |")
+    lines += ["", "Top-1 in %, mean ± std over seeds; MACs kept: measured MACs / the unpruned model's (batch 1). "
+              "Raw per-seed rows: `" + f"{stem}.csv`; plot: `{stem}.png`.", "", "## Summary", "",
+              *summary(aggs, tp_ok), ""]
+    return "\n".join(lines)
+
+
+def read_csv(path: Path) -> list[dict[str, Any]]:
+    """The raw rows written by a run, with numbers parsed back (for ``--render``)."""
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    text = ("dataset", "method", "sparsity")
+    ints = ("seed", "macs", "params")
+    return [{k: v if k in text else int(v) if k in ints else float(v) for k, v in r.items()} for r in rows]
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    aggs = aggregate(rows)
+    datasets = list(dict.fromkeys(a["dataset"] for a in aggs))
+    fig, axes = plt.subplots(1, len(datasets), figsize=(6 * len(datasets), 4.5), squeeze=False)
+    for ax, ds in zip(axes[0], datasets):
+        mine = [a for a in aggs if a["dataset"] == ds]
+        base = next(a for a in mine if a["method"] == "baseline")
+        ax.axhline(100 * base["top1_full"][0], color="grey", ls="--", lw=1, label="baseline")
+        for method in ("bn_scale", "tp_bn_scale", "random", "l1", "scratch", "uniform"):
+            pts = sorted((a for a in mine if a["method"] == method and a["sparsity"] in (MAIN, "-")),
+                         key=lambda a: a["macs_kept"])
+            if pts:
+                ax.errorbar([a["macs_kept"] for a in pts], [100 * a["top1_full"][0] for a in pts],
+                            yerr=[100 * a["top1_full"][1] for a in pts], marker="o", capsize=3, label=NAMES[method])
+        ax.set(title=f"{ds}: top-1 after the full fine-tune", xlabel="MACs kept (fraction of baseline)",
+               ylabel="top-1 (%)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> Path:
+    """Run the grid, write ``<out>/slimming{,_quick}.{md,csv,png}``; returns the md path.
+
+    >>> main(["--quick", "--out", "/tmp/slim"])   # PosixPath('/tmp/slim/slimming_quick.md')
+    """
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="one seed, one target, 1-epoch stages, few images (CI)")
+    ap.add_argument("--out", type=Path, default=Path("experiments/results"))
+    ap.add_argument("--render", action="store_true", help="only re-render the md and png from the csv in --out")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads (1: on a shared 2-core machine one thread trained these small convs fastest)")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    grids, stem = (QUICK, "slimming_quick") if args.quick else (FULL, "slimming")
+    if args.render:
+        rows = read_csv(args.out / f"{stem}.csv")
+    else:
+        rows = [r for name, grid in grids.items() for r in run_dataset(name, grid, lambda m: print(m, flush=True))]
+        args.out.mkdir(parents=True, exist_ok=True)
+        with open(args.out / f"{stem}.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=COLUMNS)
+            w.writeheader()
+            w.writerows(rows)
+    plot(rows, args.out / f"{stem}.png")
+    md = args.out / f"{stem}.md"
+    md.write_text(render(rows, grids, args, stem))
+    print(f"wrote {md}")
+    return md
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

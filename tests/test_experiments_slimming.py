@@ -1,0 +1,52 @@
+"""experiments.slimming --quick writes a well-formed table, csv and plot (the numbers are not asserted).
+
+>>> python -m pytest -q tests/test_experiments_slimming.py
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+
+import pytest
+
+pytest.importorskip("sklearn")
+pytest.importorskip("matplotlib")
+
+from experiments import slimming  # noqa: E402
+
+
+def test_quick_run_writes_md_csv_png(tmp_path):
+    md = slimming.main(["--quick", "--out", str(tmp_path)])
+    assert md == tmp_path / "slimming_quick.md"
+    with open(tmp_path / "slimming_quick.csv", newline="") as f:
+        reader = csv.DictReader(f)
+        assert tuple(reader.fieldnames) == slimming.COLUMNS
+        rows = list(reader)
+    grid = slimming.QUICK["synthetic"]
+    methods = {"baseline", "sparse", "bn_scale", "random", "l1", "scratch", "uniform"}
+    if slimming.have_tp():
+        methods.add("tp_bn_scale")
+    # per dataset and seed: baseline, one sparse model per nonzero setting, bn_scale per setting, the controls
+    per_seed = 1 + (len(grid.sparsity) - 1) + len(grid.sparsity) + len(methods - {"baseline", "sparse", "bn_scale"})
+    assert len(rows) == 2 * len(grid.seeds) * per_seed
+    assert {r["method"] for r in rows} == methods
+    assert {r["dataset"] for r in rows} == {"synthetic", "digits"}
+    for r in rows:
+        assert 0 < float(r["macs_kept"]) <= 1.0 and int(r["macs"]) > 0 and int(r["params"]) > 0
+        tops = [float(r[k]) for k in ("top1_pruned", "top1_short", "top1_full")]
+        assert all(math.isnan(t) or 0.0 <= t <= 1.0 for t in tops)
+        assert not math.isnan(tops[2])
+        if r["method"] in ("bn_scale", "random", "l1", "tp_bn_scale"):
+            assert float(r["target"]) == 2.0 and abs(float(r["macs_kept"]) - 0.5) < 0.05  # the same MACs, measured
+            assert not math.isnan(tops[0]) and not math.isnan(tops[1])
+    text = md.read_text()
+    assert "Command: `python -m experiments.slimming --quick`" in text and "torch thread" in text
+    table = [line for line in text.splitlines() if line.startswith("| ") and "---" not in line]
+    assert len(table) == 1 + len({(r["dataset"], r["method"], r["sparsity"], r["target"]) for r in rows})
+    assert "## Summary" in text and "bn_scale at 2x fewer MACs" in text
+    assert (tmp_path / "slimming_quick.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # re-rendering from the csv gives the same table
+    (tmp_path / "slimming_quick.png").unlink()
+    slimming.main(["--quick", "--render", "--out", str(tmp_path)])
+    assert md.read_text() == text and (tmp_path / "slimming_quick.png").is_file()

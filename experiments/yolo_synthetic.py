@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
+import math
 import os
 import platform
 import time
@@ -115,6 +116,22 @@ def control(kind: str, model: str, target: float, runs: Path, extra: list[str], 
             "minutes": (time.perf_counter() - start) / 60}
 
 
+def _num(v: str):
+    if v == "":
+        return None
+    try:
+        return float(v)
+    except ValueError:
+        return v
+
+
+def _nan(v) -> bool:
+    try:
+        return math.isnan(float(v))
+    except (TypeError, ValueError):
+        return False
+
+
 def write(rows: list[dict], out: Path, args: argparse.Namespace, stem: str) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     with open(out / f"{stem}.csv", "w", newline="") as fh:
@@ -130,20 +147,32 @@ def write(rows: list[dict], out: Path, args: argparse.Namespace, stem: str) -> P
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d}; settings from configs/yolo.yaml"
         + (" with the --quick overrides " + " ".join(QUICK) if args.quick else "") + ".",
         "mAP by `YOLO(path).val()` on the synthetic val split; GFLOPs in ultralytics' convention at 640; latency: "
-        "CPU, batch 1 at the training imgsz, median of 20 after 5 warm-up, all cores.", "",
+        "CPU, batch 1 at the training imgsz, median of 50 after 10 warm-up, all cores.", "",
         "| model | target | GFLOPs@640 base -> pruned (ratio) | params M | mAP50-95 baseline | pruned | fine-tuned | "
         "loss (points) | mAP50 base / fine-tuned | latency ms base -> fine-tuned | minutes |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lat = (f"{r['latency_ms_baseline']:.1f} -> {r['latency_ms_finetuned']:.1f}"
-               if r["latency_ms_baseline"] is not None and r["latency_ms_finetuned"] is not None else "-")
+               if r["latency_ms_baseline"] not in (None, "") and r["latency_ms_finetuned"] not in (None, "") else "-")
+        if _nan(r["gflops_ratio"]):  # a control: one model trained from scratch, no pruning
+            lines.append(f"| {r['model']} | {r['target_flops']:g} | {r['gflops640_pruned']:.3f} | "
+                         f"{r['params_m_pruned']:.3f} | - | - | {r['map50_95_finetuned']:.4f} | - | "
+                         f"- / {r['map50_finetuned']:.3f} | {lat} | {r['minutes']:.1f} |")
+            continue
         lines.append(
             f"| {r['model']} | {r['target_flops']:g} | {r['gflops640_baseline']:.3f} -> {r['gflops640_pruned']:.3f} "
             f"({r['gflops_ratio']:.3f}) | {r['params_m_baseline']:.3f} -> {r['params_m_pruned']:.3f} | "
             f"{r['map50_95_baseline']:.4f} | {r['map50_95_pruned']:.4f} | {r['map50_95_finetuned']:.4f} | "
             f"{r['map50_95_loss_points']:+.2f} | {r['map50_baseline']:.3f} / {r['map50_finetuned']:.3f} | {lat} | "
             f"{r['minutes']:.1f} |")
+    lines += ["", "Loss = baseline minus fine-tuned mAP50-95, in points (negative: the fine-tuned model is better). "
+              "The baseline trains for `epochs` only; the pruned model gets `prune.sparsity.epochs` + "
+              "`prune.finetune.epochs` more, so the control rows (trained from scratch for the same total epochs: "
+              "the unpruned model, and one made uniformly narrower by its width multiple; its GFLOPs cannot go "
+              "lower than shown because ultralytics rounds widths to multiples of 8) are the fair comparison. "
+              f"1-min load average when written: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores "
+              "(latency is only comparable within a row, and not even then when the load is above the core count)."]
     path = out / f"{stem}.md"
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -158,7 +187,12 @@ def main(argv: list[str] | None = None) -> Path:
                     help="targets at which to also train the same-budget controls (unpruned; uniformly narrower)")
     ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "results")
     ap.add_argument("--runs", type=Path, default=ROOT / "runs" / "experiments")
+    ap.add_argument("--rewrite", action="store_true", help="only re-render the md from the existing CSV")
     args = ap.parse_args(argv)
+    stem = "yolo_synthetic_quick" if args.quick else "yolo_synthetic"
+    if args.rewrite:
+        rows = [{k: _num(v) for k, v in r.items()} for r in csv.DictReader(open(args.out / f"{stem}.csv"))]
+        return write(rows, args.out, args, stem)
     models = ["yolov8n"] if args.quick else args.models.split(",")
     targets = [0.5] if args.quick else [float(t) for t in args.targets.split(",")]
     extra = QUICK if args.quick else []

@@ -373,7 +373,7 @@ def _report(ctx: _Ctx, info: dict[str, Any]) -> None:
         extra = {"yolo_gflops@640": ultralytics_gflops(model, 640),
                  f"yolo_gflops@{job.imgsz}": ultralytics_gflops(model, job.imgsz)}
         # Every core: ultralytics leaves torch at fewer threads after training; the report states the count.
-        lat = latency(model, (x,), warmup=5, repeats=20, threads=os.cpu_count()) if job.prune.latency else None
+        lat = latency(model, (x,), threads=os.cpu_count()) if job.prune.latency else None
         return Stage(measure(model, (x,)), lat, {**metrics, **extra})
 
     stages = {"baseline": stage(ctx.weights / "baseline.pt", run.done("baseline")["metrics"]),

@@ -67,6 +67,18 @@ def _config(dataset: str, seed: int, target: str, runs: Path, threads: int, quic
 
 
 def _run(config: dict[str, Any]) -> tuple[Path, float]:
+    """Run one pipeline config, or reuse its finished run directory when the same config already completed there."""
+    import yaml
+
+    root = Path(config["project"]) / config["name"]
+    try:
+        state = json.loads((root / "state.json").read_text())
+        same = yaml.safe_load((root / "config.yaml").read_text()) == config
+    except (OSError, ValueError):
+        state, same = {}, False
+    if same and state.get("status") == "complete":
+        print(f"    reusing the finished run {root}", flush=True)
+        return root, sum(v.get("seconds", 0) for v in state["stages"].values())
     start = time.perf_counter()
     run = run_classify(ClassifyJob.from_config(config), log=lambda msg: print(f"    {msg}", flush=True))
     return run.root, time.perf_counter() - start
@@ -75,11 +87,15 @@ def _run(config: dict[str, Any]) -> tuple[Path, float]:
 def main(argv: list[str] | None = None) -> Path:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="1 seed, 1-2 epochs per stage, small synthetic set (smoke test)")
-    ap.add_argument("--out", type=Path, default=Path("experiments/results"))
-    ap.add_argument("--runs", type=Path, default=Path("runs/experiments/classify_slimming"))
+    ap.add_argument("--out", type=Path, default=None,
+                    help="default experiments/results (--quick: experiments/results/quick, never the published table)")
+    ap.add_argument("--runs", type=Path, default=None, help="run directories (default runs/experiments/classify_slimming"
+                                                             "[_quick])")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--datasets", nargs="+", default=list(RECIPES), choices=list(RECIPES))
+    ap.add_argument("--datasets", nargs="+", default=["synthetic", "digits"], choices=list(RECIPES))
     args = ap.parse_args(argv)
+    args.out = args.out or Path("experiments/results") / ("quick" if args.quick else "")
+    args.runs = args.runs or Path("runs/experiments") / ("classify_slimming_quick" if args.quick else "classify_slimming")
     seeds = (0,) if args.quick else (0, 1, 2)
     torch.set_num_threads(args.threads)
     load_before = os.getloadavg()
@@ -107,16 +123,21 @@ def main(argv: list[str] | None = None) -> Path:
                              "finetuned_minus_baseline": st["finetuned"]["metrics"]["top1"] - base["metrics"]["top1"],
                              "verify": rep["settings"]["verify"], "seconds": round(seconds, 1)})
                 print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in rows[-1].items()}, flush=True)
-    total = time.perf_counter() - started
+            # Written after every seed: an interrupted sweep still leaves the rows it measured (the table says which).
+            path = _write(rows, args, seeds, time.perf_counter() - started, load_before)
+    print(f"wrote {path}")
+    return path
+
+
+def _write(rows: list[dict[str, Any]], args: argparse.Namespace, seeds: tuple[int, ...], total: float,
+           load_before: tuple[float, ...]) -> Path:
     args.out.mkdir(parents=True, exist_ok=True)
-    name = "classify_slimming_quick" if args.quick else "classify_slimming"
-    with open(args.out / f"{name}.csv", "w", newline="") as f:
+    with open(args.out / "classify_slimming.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=FIELDS)
         w.writeheader()
         w.writerows(rows)
-    path = args.out / f"{name}.md"
+    path = args.out / "classify_slimming.md"
     path.write_text(_markdown(rows, args, seeds, total, load_before, os.getloadavg()))
-    print(f"wrote {path}")
     return path
 
 
@@ -134,7 +155,7 @@ def _markdown(rows: list[dict[str, Any]], args: argparse.Namespace, seeds: tuple
         f"Command: `{command}` ({total / 60:.1f} min). Machine: {platform.machine()}, {os.cpu_count()} cores shared "
         f"with other jobs (load average {load_before[0]:.1f} at the start, {load_after[0]:.1f} at the end), "
         f"{args.threads} torch threads, one process, torch {torch.__version__}, Python {sys.version.split()[0]}. "
-        f"Training seeds {list(seeds)} (data split and synthetic images fixed: dataset seed 0); mean ± standard "
+        f"Training seeds {sorted({r['seed'] for r in rows})} of {list(seeds)} done (data split and synthetic images fixed: dataset seed 0); mean ± standard "
         "deviation over the seeds. Top-1 on the held-out test split (digits: 270 images; synthetic: "
         f"{RECIPES['synthetic']['dataset']['n_test'] if not args.quick else 256} images).", "",
         "Per seed: baseline training -> BN-sparsity training (L1 on BatchNorm gammas) -> prune to the MACs target "
@@ -158,7 +179,8 @@ def _markdown(rows: list[dict[str, Any]], args: argparse.Namespace, seeds: tuple
     lines += ["", "Recipes (top-level training keys; `sparsity`/`finetune` override them for those stages):", ""]
     for dataset in dict.fromkeys(r["dataset"] for r in rows):
         lines.append(f"- {dataset}: `{RECIPES[dataset]}`")
-    lines += ["", f"Per-run rows: `{Path(args.out.name) / ('classify_slimming' + ('_quick' if args.quick else '') + '.csv')}`."]
+    lines += ["", "Per-run rows: `classify_slimming.csv` next to this file; every run's config.yaml, state.json "
+              f"(per-epoch history) and report under `{args.runs}`."]
     return "\n".join(lines) + "\n"
 
 

@@ -216,3 +216,19 @@ def test_shipped_classification_configs_validate(name, tmp_path):
     job = ClassifyJob.from_config(load_config(CONFIG.parent / f"{name}.yaml", overrides), config_name=name)
     assert job.num_classes == (3 if name == "imagefolder" else 10)
     assert job.prune.target == {"flops": 0.5} and job.prune.finetune.epochs > 0 and job.prune.sparsity.epochs > 0
+
+
+@pytest.mark.slow
+def test_torchrun_launches_the_same_pipeline_in_two_ranks(tmp_path):
+    import shutil
+    import subprocess
+
+    torchrun = shutil.which("torchrun") or pytest.skip("torchrun not on PATH")
+    cmd = [torchrun, "--nproc_per_node", "2", "-m", "prunefx.pipeline.classify", str(CONFIG), *TINY,
+           f"project={tmp_path}", "name=tr", "device=cpu"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=Path(__file__).parent)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    state = _state(tmp_path / "tr")
+    ranks = state["stages"]["finetune"]["ranks"]
+    assert state["status"] == "complete" and [r["rank"] for r in ranks] == [0, 1]
+    assert ranks[0]["arch"] == ranks[1]["arch"]

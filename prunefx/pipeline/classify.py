@@ -16,10 +16,12 @@ stage from its last epoch checkpoint (``weights/<stage>_last.pt``).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -133,7 +135,8 @@ class ClassifyJob:
         """The model builds, takes the dataset's images and predicts its classes; a checkpoint fits it."""
         model = self.factory()()
         check_classifier(model, self.model, self.example(2), self.num_classes)
-        if self.checkpoint is not None:
+        # Under torchrun only rank 0 reads the checkpoint (it sends the weights): other machines need no copy.
+        if self.checkpoint is not None and os.environ.get("RANK", "0") == "0":
             load_weights(model, self.checkpoint, f"{self.model} with {self.num_classes} classes")
 
 
@@ -147,14 +150,12 @@ def run_classify(job: ClassifyJob, *, log: Callable[[str], None] = print) -> Run
         if job.nproc > 1:
             log(f"note: started by torchrun, which decides the number of processes; nproc={job.nproc} is ignored")
         dist = init_from_env(job.device, timeout_s=job.dist_timeout)
-        if job.threads:
-            torch.set_num_threads(job.threads)
-        return _run_rank(job, dist, None, log)
+        with _threads(job.threads):
+            return _run_rank(job, dist, None, log)
     run = RunDir.open(job.project, job.name, job.config, resume=job.resume, exist_ok=job.exist_ok)
     if job.nproc == 1:
-        if job.threads:
-            torch.set_num_threads(job.threads)
-        return _run_rank(job, DistContext(device=resolve_device(job.device)), run, log)
+        with _threads(job.threads):
+            return _run_rank(job, DistContext(device=resolve_device(job.device)), run, log)
     log(f"run directory: {run.root}; spawning {job.nproc} DistributedDataParallel workers")
     try:
         spawn(_spawned_rank, (job, str(run.root)), job.nproc, threads=job.threads)
@@ -171,6 +172,18 @@ def run_classify(job: ClassifyJob, *, log: Callable[[str], None] = print) -> Run
             f"resume=true name={run.root.name} project={run.root.parent}")
         raise
     return _reload(run.root)
+
+
+@contextlib.contextmanager
+def _threads(n: int | None) -> Iterator[None]:
+    """torch's intra-op thread count set to ``n`` for the run and restored after it (the caller's process goes on)."""
+    before = torch.get_num_threads()
+    if n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _spawned_rank(job: ClassifyJob, root: str) -> None:

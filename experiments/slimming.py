@@ -20,7 +20,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +63,9 @@ class Grid:
         return self.baseline_epochs + self.full_epochs
 
 
-FULL = {"synthetic": Grid(), "digits": Grid(baseline_epochs=10, targets=(2.0, 4.0), scratch_targets=(2.0, 4.0))}
+# Sized for a shared 2-core machine (about 15 s per epoch-equivalent under load): the controls run at 2x and 4x,
+# the sparsity sweep and the from-scratch controls at 2x only.
+FULL = {"synthetic": Grid(targets=(2.0, 4.0)), "digits": Grid(baseline_epochs=10, targets=(2.0, 4.0))}
 QUICK = {name: Grid(seeds=(0,), n_train=256, n_test=128, baseline_epochs=1, sparsity_epochs=1, full_epochs=1,
                     sparsity=(("s=0", 0.0, None), (MAIN, 1e-3, 0.5)), targets=(2.0,), control_targets=(2.0,),
                     sweep_targets=(2.0,), scratch_targets=(2.0,)) for name in ("synthetic", "digits")}
@@ -264,13 +266,15 @@ def render(rows: list[dict[str, Any]], grids: dict[str, Grid], args: argparse.Na
     cmd = "python -m experiments.slimming" + (" --quick" if args.quick else "") + (
         f" --threads {args.threads}" if args.threads != 1 else "")
     g = grids["synthetic"]
+    seeds = {ds: sorted({r["seed"] for r in rows if r["dataset"] == ds}) for ds in grids}
     lines = [f"# Network slimming vs controls and Torch-Pruning ({stem})", "",
              f"Command: `{cmd}` ({sum(r['seconds'] for r in rows) / 60:.0f} min of training, pruning and evaluation). "
              f"Machine: {platform.machine()}, {os.cpu_count()} CPUs "
              f"(shared with other jobs), {torch.get_num_threads()} torch thread(s), Python {platform.python_version()}, "
              f"torch {torch.__version__}, torch-pruning {tp_version}.", "",
-             f"Setup: `bn_cnn(widths={WIDTHS})` (4 conv-BN-ReLU, {len(g.seeds)} seed(s): {list(g.seeds)}; seeds change "
-             "the initialisation and training order, the data are fixed). "
+             f"Setup: `bn_cnn(widths={WIDTHS})` (4 conv-BN-ReLU); seeds "
+             + ", ".join(f"{ds} {s}" for ds, s in seeds.items()) + " (seeds change the initialisation and training "
+             "order, the data are fixed). "
              + " ".join(f"{ds}: {gr.baseline_epochs} baseline epochs (SGD lr {BASE_LR}, cosine, crop augmentation), "
                         f"sparsity stage {gr.sparsity_epochs} epochs from the baseline, fine-tune {gr.short_epochs} "
                         f"(short) / {gr.full_epochs} (full) epochs at lr {FT_LR}, scratch and uniform controls "
@@ -285,15 +289,15 @@ def render(rows: list[dict[str, Any]], grids: dict[str, Grid], args: argparse.Na
              "until `prunefx.metrics.measure` gives the closest MACs to 1/k; every row reports the MACs measured "
              "the same way. Scratch: the bn_scale-pruned architecture re-initialised; uniform: every group pruned by "
              "the same fraction (`scope=\"local\"`), re-initialised; both trained baseline + full fine-tune epochs.",
-             "", "| dataset | method | sparsity | target | MACs kept | top-1 pruned | top-1 short FT | top-1 full FT "
-             "| gammas < 0.01 |", "|---|---|---|---|---|---|---|---|---|"]
+             "", "| dataset | method | sparsity | target | seeds | MACs kept | top-1 pruned | top-1 short FT "
+             "| top-1 full FT | gammas < 0.01 |", "|---|---|---|---|---|---|---|---|---|---|"]
     for a in aggs:
         gam = "—" if a["gammas_below_0.01"] is None else f"{100 * a['gammas_below_0.01'][0]:.0f}%"
-        lines.append(f"| {a['dataset']} | {NAMES[a['method']]} | {a['sparsity']} | {a['target']:g}x | "
+        lines.append(f"| {a['dataset']} | {NAMES[a['method']]} | {a['sparsity']} | {a['target']:g}x | {a['n']} | "
                      f"{a['macs_kept']:.3f} | {pct(a['top1_pruned'])} | {pct(a['top1_short'])} | "
                      f"{pct(a['top1_full'])} | {gam} |")
     if not tp_ok:
-        lines.append("| all | Torch-Pruning BNScalePruner | — | — | — | skipped: torch-pruning not installed | — | — | — |")
+        lines.append("| all | Torch-Pruning BNScalePruner | — | — | — | — | skipped: torch-pruning not installed | — | — | — |")
     lines += ["", "Top-1 in %, mean ± std over seeds; MACs kept: measured MACs / the unpruned model's (batch 1). "
               "Raw per-seed rows: `" + f"{stem}.csv`; plot: `{stem}.png`.", "", "## Summary", "",
               *summary(aggs, tp_ok), ""]
@@ -346,16 +350,31 @@ def main(argv: list[str] | None = None) -> Path:
     ap.add_argument("--quick", action="store_true", help="one seed, one target, 1-epoch stages, few images (CI)")
     ap.add_argument("--out", type=Path, default=Path("experiments/results"))
     ap.add_argument("--render", action="store_true", help="only re-render the md and png from the csv in --out")
+    ap.add_argument("--resume", action="store_true", help="keep the (dataset, seed) results already in the csv")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (1: on a shared 2-core machine one thread trained these small convs fastest)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     grids, stem = (QUICK, "slimming_quick") if args.quick else (FULL, "slimming")
-    if args.render:
-        rows = read_csv(args.out / f"{stem}.csv")
-    else:
-        rows = [r for name, grid in grids.items() for r in run_dataset(name, grid, lambda m: print(m, flush=True))]
+    path = args.out / f"{stem}.csv"
+    rows = read_csv(path) if (args.render or args.resume) and path.is_file() else []
+    if not args.render:
         args.out.mkdir(parents=True, exist_ok=True)
+        done = {(r["dataset"], r["seed"]) for r in rows}
+        # Seeds outermost and the files rewritten after each (seed, dataset): a stopped run leaves a table of
+        # the seeds it finished (the md says which), and --resume continues with the next.
+        for seed in sorted({s for g in grids.values() for s in g.seeds}):
+            for name, grid in grids.items():
+                if seed in grid.seeds and (name, seed) not in done:
+                    rows += run_dataset(name, replace(grid, seeds=(seed,)), lambda m: print(m, flush=True))
+                    write(rows, grids, args, stem)
+    return write(rows, grids, args, stem)
+
+
+def write(rows: list[dict[str, Any]], grids: dict[str, Grid], args: argparse.Namespace, stem: str) -> Path:
+    order = list(grids)
+    rows.sort(key=lambda r: (order.index(r["dataset"]), r["seed"]))  # stable: method order within a seed kept
+    if not args.render:
         with open(args.out / f"{stem}.csv", "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=COLUMNS)
             w.writeheader()

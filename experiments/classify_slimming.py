@@ -1,6 +1,6 @@
 """Network slimming (bn_scale) through the classification pipeline at 2x and 4x fewer MACs, digits and synthetic.
 
-    python -m experiments.classify_slimming [--quick] [--out experiments/results] [--runs runs/experiments]
+    python -m experiments.classify_slimming [--quick] [--out experiments/results] [--runs runs/experiments] [--seeds 0 1 2] [--render]
 
 Per dataset and training seed: one pipeline run trains the baseline, trains it with the BN-sparsity penalty, prunes
 to 1/2 of the MACs and fine-tunes; a second run starts from that run's sparsity-trained weights
@@ -87,16 +87,26 @@ def _run(config: dict[str, Any]) -> tuple[Path, float]:
 def main(argv: list[str] | None = None) -> Path:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="1 seed, 1-2 epochs per stage, small synthetic set (smoke test)")
-    ap.add_argument("--out", type=Path, default=None,
-                    help="default experiments/results (--quick: experiments/results/quick, never the published table)")
+    ap.add_argument("--out", type=Path, default=Path("experiments/results"),
+                    help="where classify_slimming.{md,csv} go (--quick: classify_slimming_quick.{md,csv})")
     ap.add_argument("--runs", type=Path, default=None, help="run directories (default runs/experiments/classify_slimming"
                                                              "[_quick])")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seeds", type=int, nargs="+", default=None, help="training seeds (default 0 1 2; --quick: 0)")
+    ap.add_argument("--render", action="store_true", help="only re-render the table from the existing CSV in --out")
     ap.add_argument("--datasets", nargs="+", default=["synthetic", "digits"], choices=list(RECIPES))
     args = ap.parse_args(argv)
-    args.out = args.out or Path("experiments/results") / ("quick" if args.quick else "")
     args.runs = args.runs or Path("runs/experiments") / ("classify_slimming_quick" if args.quick else "classify_slimming")
-    seeds = (0,) if args.quick else (0, 1, 2)
+    seeds = tuple(args.seeds) if args.seeds else (0,) if args.quick else (0, 1, 2)
+    if args.render:
+        with open(args.out / f"{_stem(args)}.csv") as f:
+            rows = [{k: (v if k in ("dataset", "target", "verify") else float(v)) for k, v in r.items()}
+                    for r in csv.DictReader(f)]
+        for r in rows:
+            r["seed"] = int(r["seed"])
+        path = args.out / f"{_stem(args)}.md"
+        path.write_text(_markdown(rows, args, seeds, sum(r["seconds"] for r in rows), (float("nan"),) * 3, os.getloadavg()))
+        return path
     torch.set_num_threads(args.threads)
     load_before = os.getloadavg()
     started = time.perf_counter()
@@ -132,13 +142,17 @@ def main(argv: list[str] | None = None) -> Path:
 def _write(rows: list[dict[str, Any]], args: argparse.Namespace, seeds: tuple[int, ...], total: float,
            load_before: tuple[float, ...]) -> Path:
     args.out.mkdir(parents=True, exist_ok=True)
-    with open(args.out / "classify_slimming.csv", "w", newline="") as f:
+    with open(args.out / f"{_stem(args)}.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=FIELDS)
         w.writeheader()
         w.writerows(rows)
-    path = args.out / "classify_slimming.md"
+    path = args.out / f"{_stem(args)}.md"
     path.write_text(_markdown(rows, args, seeds, total, load_before, os.getloadavg()))
     return path
+
+
+def _stem(args: argparse.Namespace) -> str:
+    return "classify_slimming_quick" if args.quick else "classify_slimming"
 
 
 def _markdown(rows: list[dict[str, Any]], args: argparse.Namespace, seeds: tuple[int, ...], total: float,
@@ -149,22 +163,25 @@ def _markdown(rows: list[dict[str, Any]], args: argparse.Namespace, seeds: tuple
         spread = f" ± {statistics.stdev(v):.2%}" if len(v) > 1 else ""
         return f"{mean:.2%}{spread}"
 
-    command = "python -m experiments.classify_slimming" + (" --quick" if args.quick else "")
+    command = "python -m experiments.classify_slimming" + (" --quick" if args.quick else "") + (
+        f" --seeds {' '.join(map(str, seeds))}" if args.seeds else "")
     lines = [
         "# Network slimming through the classification pipeline: 2x and 4x fewer MACs (bn_scale)", "",
         f"Command: `{command}` ({total / 60:.1f} min). Machine: {platform.machine()}, {os.cpu_count()} cores shared "
-        f"with other jobs (load average {load_before[0]:.1f} at the start, {load_after[0]:.1f} at the end), "
-        f"{args.threads} torch threads, one process, torch {torch.__version__}, Python {sys.version.split()[0]}. "
+        + (f"with other jobs (load average {load_before[0]:.1f} at the start, {load_after[0]:.1f} at the end), "
+           if load_before[0] == load_before[0] else "with other jobs, ")
+        + f"{args.threads} torch threads, one process, torch {torch.__version__}, Python {sys.version.split()[0]}. "
         f"Training seeds {sorted({r['seed'] for r in rows})} of {list(seeds)} done (data split and synthetic images fixed: dataset seed 0); mean ± standard "
         "deviation over the seeds. Top-1 on the held-out test split (digits: 270 images; synthetic: "
         f"{RECIPES['synthetic']['dataset']['n_test'] if not args.quick else 256} images).", "",
         "Per seed: baseline training -> BN-sparsity training (L1 on BatchNorm gammas) -> prune to the MACs target "
         "(global bn_scale ranking, bias compensation on, verified against the masked original) -> fine-tune. The "
         "4x run prunes the 2x run's sparsity-trained weights. MACs and params are the report's own counts, relative "
-        "to the baseline.", "",
+        "to the baseline. 'after sparsity' is the unpruned model pruning starts from (it has trained longer than the "
+        "baseline); the last column compares the fine-tuned pruned model with it.", "",
         "| dataset | target | MACs kept | params kept | baseline | after sparsity | right after pruning | after fine-tuning | "
-        "fine-tuned - baseline |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "fine-tuned - baseline | fine-tuned - after sparsity |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for dataset in dict.fromkeys(r["dataset"] for r in rows):
         for target in TARGETS:
@@ -175,11 +192,12 @@ def _markdown(rows: list[dict[str, Any]], args: argparse.Namespace, seeds: tuple
             lines.append(f"| {dataset} | {target} | {statistics.fmean(r['macs_kept'] for r in sel):.3f} | "
                          f"{statistics.fmean(r['params_kept'] for r in sel):.3f} | {stat(sel, 'baseline_top1')} | "
                          f"{stat(sel, 'sparse_top1')} | {stat(sel, 'pruned_top1')} | {stat(sel, 'finetuned_top1')} | "
-                         f"{statistics.fmean(delta) * 100:+.2f} points |")
+                         f"{statistics.fmean(delta) * 100:+.2f} points | "
+                         f"{statistics.fmean(r['finetuned_top1'] - r['sparse_top1'] for r in sel) * 100:+.2f} points |")
     lines += ["", "Recipes (top-level training keys; `sparsity`/`finetune` override them for those stages):", ""]
     for dataset in dict.fromkeys(r["dataset"] for r in rows):
         lines.append(f"- {dataset}: `{RECIPES[dataset]}`")
-    lines += ["", "Per-run rows: `classify_slimming.csv` next to this file; every run's config.yaml, state.json "
+    lines += ["", f"Per-run rows: `{_stem(args)}.csv` next to this file; every run's config.yaml, state.json "
               f"(per-epoch history) and report under `{args.runs}`."]
     return "\n".join(lines) + "\n"
 

@@ -13,7 +13,7 @@ def test_classify_slimming_quick(tmp_path):
 
     md = main(["--quick", "--out", str(tmp_path / "out"), "--runs", str(tmp_path / "runs"), "--datasets", "digits",
                "--threads", "1"])
-    with open(tmp_path / "out" / "classify_slimming.csv") as f:
+    with open(tmp_path / "out" / "classify_slimming_quick.csv") as f:
         reader = csv.DictReader(f)
         assert reader.fieldnames == FIELDS
         rows = list(reader)

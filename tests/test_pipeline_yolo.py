@@ -94,7 +94,7 @@ def test_every_stage_from_the_model_yaml(tmp_path: Path) -> None:
     onnx_path = Path(YOLO(str(run / "weights/best.pt")).export(format="onnx", imgsz=64, simplify=False))
     graph = onnx.load(str(onnx_path))
     onnx.checker.check_model(graph)
-    first_conv = next(t for t in graph.graph.initializer if len(t.dims) == 4)
+    first_conv = next(t for t in graph.graph.initializer if t.name == "model.0.conv.weight")  # BN folded in
     assert first_conv.dims[0] == pruned["model.0.conv.weight"][0] < _shapes(run / "weights/baseline.pt")["model.0.conv.weight"][0]
 
 

@@ -171,8 +171,11 @@ def write(rows: list[dict], out: Path, args: argparse.Namespace, stem: str) -> P
               "`prune.finetune.epochs` more, so the control rows (trained from scratch for the same total epochs: "
               "the unpruned model, and one made uniformly narrower by its width multiple; its GFLOPs cannot go "
               "lower than shown because ultralytics rounds widths to multiples of 8) are the fair comparison. "
-              f"1-min load average when written: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores "
-              "(latency is only comparable within a row, and not even then when the load is above the core count)."]
+              + ("" if args.rewrite else f"1-min load average when written: {os.getloadavg()[0]:.1f} on "
+               f"{os.cpu_count()} cores (latency is only comparable within a row, and not at all when the load is "
+               "above the core count).")]
+    if args.note:
+        lines += ["", args.note]
     path = out / f"{stem}.md"
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -188,6 +191,7 @@ def main(argv: list[str] | None = None) -> Path:
     ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "results")
     ap.add_argument("--runs", type=Path, default=ROOT / "runs" / "experiments")
     ap.add_argument("--rewrite", action="store_true", help="only re-render the md from the existing CSV")
+    ap.add_argument("--note", default="", help="a sentence appended to the md (e.g. what loaded the machine)")
     args = ap.parse_args(argv)
     stem = "yolo_synthetic_quick" if args.quick else "yolo_synthetic"
     if args.rewrite:

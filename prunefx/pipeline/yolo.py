@@ -247,7 +247,8 @@ def evaluate_yolo(weights: Path, data: str, train: Mapping[str, Any], project: P
     keep = ("imgsz", "batch", "device", "workers", "half", "conf", "iou", "max_det", "single_cls", "classes", "split")
     args = {k: v for k, v in train.items() if k in keep}
     args.setdefault("device", "cpu")
-    if str(args["device"]).lower() == "cpu":
+    args["device"] = str(args["device"]).split(",")[0]  # training may span GPUs (DDP); validation runs on one
+    if args["device"].lower() == "cpu":
         args.setdefault("workers", 0)
     metrics = YOLO(str(weights)).val(data=data, plots=False, verbose=False, project=str(project), name=name,
                                      exist_ok=True, **args)

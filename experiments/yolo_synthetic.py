@@ -83,7 +83,7 @@ def control(kind: str, model: str, target: float, runs: Path, extra: list[str], 
     import yaml as pyyaml
 
     from prunefx.integrations.ultralytics_io import save_yolo
-    from prunefx.integrations.ultralytics_train import load_yolo, train_yolo
+    from prunefx.integrations.ultralytics_train import load_yolo, param_count, train_yolo
     from prunefx.metrics import ultralytics_gflops
     from prunefx.pipeline import load_config
     from prunefx.pipeline.yolo import YoloJob, evaluate_yolo, resolve_data
@@ -108,8 +108,8 @@ def control(kind: str, model: str, target: float, runs: Path, extra: list[str], 
     m = evaluate_yolo(weights, data, job.train, runs / name / "val", name)
     g = ultralytics_gflops(trained, 640)
     return {"model": f"{model} ({what}, {epochs} epochs)", "target_flops": target, "gflops640_baseline": g,
-            "gflops640_pruned": g, "gflops_ratio": float("nan"), "params_m_baseline": sum(p.numel() for p in trained.parameters()) / 1e6,
-            "params_m_pruned": sum(p.numel() for p in trained.parameters()) / 1e6, "map50_baseline": m["map50"],
+            "gflops640_pruned": g, "gflops_ratio": float("nan"), "params_m_baseline": param_count(trained) / 1e6,
+            "params_m_pruned": param_count(trained) / 1e6, "map50_baseline": m["map50"],
             "map50_95_baseline": m["map50_95"], "map50_pruned": m["map50"], "map50_95_pruned": m["map50_95"],
             "map50_finetuned": m["map50"], "map50_95_finetuned": m["map50_95"], "map50_95_loss_points": float("nan"),
             "latency_ms_baseline": None, "latency_ms_finetuned": None, "run": str(runs / name),

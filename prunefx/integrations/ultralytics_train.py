@@ -57,7 +57,7 @@ class TrainHooks:
 
     @classmethod
     def for_model(cls, model: nn.Module, sparsity: SparsityConfig | None = None) -> TrainHooks:
-        return cls(expected_params=sum(p.numel() for p in model.parameters()), sparsity=sparsity)
+        return cls(expected_params=param_count(model), sparsity=sparsity)
 
     def register(self, trainer: Any) -> None:
         trainer.add_callback("on_pretrain_routine_end", self.on_pretrain_routine_end)
@@ -67,7 +67,7 @@ class TrainHooks:
         from ultralytics.utils.torch_utils import unwrap_model
 
         model = unwrap_model(trainer.model)
-        n = sum(p.numel() for p in model.parameters())
+        n = param_count(model)
         if self.expected_params is not None and n != self.expected_params:
             raise PrunefxError(
                 f"the trainer is about to train a model with {n:,} parameters, not the {self.expected_params:,} of the "

@@ -40,6 +40,7 @@ from .classify_model import (arch_signature, check_classifier, classifier_factor
                              read_state_dict, save_weights, takes_in_channels)
 from .config import ConfigError, PruneSpec, check_keys, load_config
 from .rundir import RunDir
+from .stages import check_pruned, prune_source
 
 STAGES = ("baseline", "sparsity", "prune", "finetune", "report")
 RUN_KEYS = ("project", "name", "exist_ok", "resume")
@@ -329,8 +330,7 @@ def _prune(ctx: _Ctx, info: dict[str, Any]) -> None:
     from .. import prune, save
 
     spec, run = ctx.job.prune, ctx.run
-    sparse = (ctx.weights / "sparse.pt").is_file() and not run.done("sparsity").get("skipped")
-    source = ctx.weights / ("sparse.pt" if sparse else "baseline.pt")
+    source = prune_source(run, ctx.weights)
     model = load_weights(ctx.fresh(), source, ctx.job.model).eval()
     x = ctx.data.example(EXAMPLE_BATCH)  # real images: compensation measures channel means on them
     kwargs: dict[str, Any] = {}
@@ -340,27 +340,14 @@ def _prune(ctx: _Ctx, info: dict[str, Any]) -> None:
         kwargs = {"calibration": list(zip(images.split(64), labels.split(64))), "loss_fn": F.cross_entropy}
     result = prune(model, (x,), spec.plan_config(), criterion=spec.criterion, check=spec.verify,
                    bias_compensation=spec.bias_compensation, **kwargs)
-    if not result.plan.pruned:
-        raise ConfigError(f"the target {spec.target} is already met: the plan removes no channel from {source.name}; "
-                          "lower prune.target (e.g. prune.target.flops=0.5)")
-    if result.verified is not None and not result.verified.ok:
-        raise PrunefxError(f"the pruned model differs from the masked original: {result.verified.message}")
+    info.update(check_pruned(result, spec, source))
     atomic_write(ctx.root / "plan.json", result.plan.to_json().encode())
     save(model, result.plan, ctx.weights / "pruned.pt")
     est = result.plan.estimate
-    info["source"] = source.name
-    info["verify"] = result.verified.message if result.verified is not None else "skipped (prune.verify=false)"
     info["macs_kept_estimate"] = est["macs_after"] / est["macs_before"] if est.get("macs_before") else None
-    info["widths"] = [{"name": _group_name(result.graph.groups[g.group]), "before": g.before, "after": g.after}
-                      for g in result.plan.groups]
     ctx.log(f"  {len(result.plan.pruned)} of {len(result.plan.groups)} groups pruned; verify: {info['verify']}")
     # Only rank 0 runs this stage, so it evaluates the whole split alone.
     info["metrics"] = ctx.evaluate(model, "pruned", replace(LOCAL, device=ctx.dist.device))
-
-
-def _group_name(group: Any) -> str:
-    outs = group.modules("out") or group.modules()
-    return outs[0] if outs else f"group {group.id}"
 
 
 def _finetune(ctx: _Ctx, info: dict[str, Any]) -> None:

@@ -27,6 +27,7 @@ from ..errors import PrunefxError
 from ..fileio import atomic_write
 from .config import ConfigError, PruneSpec, check_keys
 from .rundir import RunDir
+from .stages import check_pruned, prune_source
 
 # Top-level keys prunefx consumes itself: the run directory (project/name), and how to open it.
 RUN_KEYS = ("project", "name", "exist_ok", "resume")
@@ -322,22 +323,13 @@ def _prune(ctx: _Ctx, info: dict[str, Any]) -> None:
     from ..integrations.ultralytics_train import load_yolo
 
     spec = ctx.job.prune
-    source = ctx.weights / ("sparse.pt" if (ctx.weights / "sparse.pt").is_file() and
-                            not ctx.run.done("sparsity").get("skipped") else "baseline.pt")
+    source = prune_source(ctx.run, ctx.weights)
     model = load_yolo(source)
     result = prune(model, (ctx.example(),), spec.plan_config(), criterion=spec.criterion, check=spec.verify,
                    bias_compensation=spec.bias_compensation)
-    if not result.plan.pruned:
-        raise ConfigError(f"the target {spec.target} is already met: the plan removes no channel from {source.name}; "
-                          "lower prune.target (e.g. prune.target.flops=0.5)")
-    if result.verified is not None and not result.verified.ok:
-        raise PrunefxError(f"the pruned model differs from the masked original: {result.verified.message}")
+    info.update(check_pruned(result, spec, source))
     atomic_write(ctx.run.root / "plan.json", result.plan.to_json().encode())
     save_yolo(model, ctx.weights / "pruned.pt", plan=result.plan, train_args=dict(getattr(model, "args", {}) or {}))
-    info["source"] = source.name
-    info["verify"] = result.verified.message if result.verified is not None else "skipped (prune.verify=false)"
-    info["widths"] = [{"name": result.graph.groups[g.group].label, "before": g.before, "after": g.after}
-                      for g in result.plan.groups]
     ctx.log(f"  {len(result.plan.pruned)} of {len(result.plan.groups)} groups pruned; verify: {info['verify']}")
     info["metrics"] = _evaluate(ctx, ctx.weights / "pruned.pt", "pruned")
 

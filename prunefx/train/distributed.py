@@ -17,6 +17,7 @@ import os
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -143,31 +144,54 @@ def spawn(fn: Callable[..., Any], args: tuple[Any, ...], nproc: int, *, threads:
     """Run ``fn(*args)`` in ``nproc`` fresh local processes forming one process group (torchrun's environment).
 
     ``fn`` must be importable (a module-level function). If any worker raises or dies, the others are
-    terminated and :class:`DistributedError` names the rank and its last error line.
+    terminated and :class:`DistributedError` names the rank that failed first and its last error line.
     """
+    import tempfile
+
     import torch.multiprocessing as mp
 
     if nproc < 1:
         raise DistributedError(f"nproc must be >= 1, got {nproc}")
     threads = threads or max(1, (os.cpu_count() or 1) // nproc)
-    try:
-        mp.start_processes(_worker, args=(fn, args, nproc, free_port(), threads), nprocs=nproc, join=True,
-                           start_method="spawn")
-    except mp.ProcessRaisedException as exc:
-        lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
-        raise DistributedError(f"worker rank {exc.error_index} of {nproc} failed: {lines[-1] if lines else exc}; "
-                               "the other workers were stopped") from None
-    except mp.ProcessExitedException as exc:
-        raise DistributedError(f"worker rank {exc.error_index} of {nproc} died (exit code {exc.exit_code}, "
-                               f"signal {exc.signal_name}); the other workers were stopped") from None
+    with tempfile.TemporaryDirectory(prefix="prunefx-ranks-") as failures:
+        try:
+            mp.start_processes(_worker, args=(fn, args, nproc, free_port(), threads, failures), nprocs=nproc,
+                               join=True, start_method="spawn")
+        except mp.ProcessRaisedException as exc:
+            lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
+            rank, line = _first_failure(failures) or (exc.error_index, lines[-1] if lines else str(exc))
+            raise DistributedError(f"worker rank {rank} of {nproc} failed: {line}; the other workers were stopped") from None
+        except mp.ProcessExitedException as exc:
+            raise DistributedError(f"worker rank {exc.error_index} of {nproc} died (exit code {exc.exit_code}, "
+                                   f"signal {exc.signal_name}); the other workers were stopped") from None
 
 
-def _worker(rank: int, fn: Callable[..., Any], args: tuple[Any, ...], world: int, port: int, threads: int) -> None:
+def _first_failure(failures: str) -> tuple[int, str] | None:
+    """The (rank, error) that happened first. A rank's crash makes its peers fail too ("connection closed by
+    peer"), and whichever of them the parent notices first is a matter of timing: the earliest is the cause."""
+    import json
+
+    records = [json.loads(p.read_text()) for p in Path(failures).glob("*.json")]
+    if not records:
+        return None
+    first = min(records, key=lambda r: r["time"])
+    return first["rank"], first["error"]
+
+
+def _worker(rank: int, fn: Callable[..., Any], args: tuple[Any, ...], world: int, port: int, threads: int,
+            failures: str) -> None:
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
                        "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
     torch.set_num_threads(threads)
     try:
         fn(*args)
+    except BaseException as exc:
+        import json
+        import time
+
+        record = {"rank": rank, "time": time.time(), "error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+        (Path(failures) / f"{rank}.json").write_text(json.dumps(record))
+        raise
     finally:
         shutdown()
 

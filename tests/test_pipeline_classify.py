@@ -232,3 +232,17 @@ def test_torchrun_launches_the_same_pipeline_in_two_ranks(tmp_path):
     ranks = state["stages"]["finetune"]["ranks"]
     assert state["status"] == "complete" and [r["rank"] for r in ranks] == [0, 1]
     assert ranks[0]["arch"] == ranks[1]["arch"]
+
+
+
+def test_sparsity_from_scratch_starts_from_the_baselines_initial_weights(tmp_path):
+    # With s=0 and the baseline's epochs, a stage that starts where the baseline started must retrace it exactly.
+    common = [*TINY, f"project={tmp_path}", "prune.sparsity.epochs=4", "prune.sparsity.start=scratch",
+              "prune.finetune.epochs=0"]
+    run_config(CONFIG, [*common, "prune.sparsity.s=0", "name=s0"], log=lambda _: None)
+    base = C.read_state_dict(tmp_path / "s0/weights/baseline.pt")
+    sparse = C.read_state_dict(tmp_path / "s0/weights/sparse.pt")
+    assert base.keys() == sparse.keys() and all(torch.equal(base[k], sparse[k]) for k in base)
+    # With the target schedule the same stage drives gammas to zero (TargetSparsity aims at half of them).
+    run_config(CONFIG, [*common, "batch=16", "prune.sparsity.schedule=target", "name=target"], log=lambda _: None)
+    assert _state(tmp_path / "target")["stages"]["sparsity"]["gammas"]["below_0.01"] >= 0.3

@@ -54,6 +54,7 @@ def test_override_into_a_scalar_is_an_error() -> None:
         ({"round_to": 0}, "round_to must be >= 1"),
         ({"sparsity": {"epochs": -1}}, "epochs must be >= 0"),
         ({"sparsity": {"schedule": "cosine"}}, "'constant' or 'target'"),
+        ({"sparsity": {"start": "pretrained"}}, "'baseline' or 'scratch'"),
         ({"sparsity": {"epoch": 3}}, r"did you mean 'epochs'"),
         ({"finetune": {"lr00": 0.1}}, r"did you mean 'lr0'"),
         ({"verify": "yes"}, "must be true/false"),

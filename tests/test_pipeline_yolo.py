@@ -99,6 +99,20 @@ def test_every_stage_from_the_model_yaml(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_sparsity_from_scratch_retraces_the_baseline_when_the_penalty_is_zero(tmp_path: Path, data_yaml: Path) -> None:
+    # start=scratch must begin where the baseline began (ultralytics builds the yaml with the same seed): with
+    # s=0 and the baseline's epochs the sparse checkpoint is the baseline, weight for weight.
+    result = _prune(*TINY, "model=yolov8n.yaml", f"data={data_yaml}", "epochs=1", "prune.sparsity.epochs=1",
+                    "prune.sparsity.start=scratch", "prune.sparsity.s=0", "prune.finetune.epochs=0",
+                    "prune.latency=false", f"project={tmp_path}", "name=s0")
+    assert result.exit_code == 0, result.output
+    base = load_yolo(tmp_path / "s0/weights/baseline.pt").state_dict()
+    sparse = load_yolo(tmp_path / "s0/weights/sparse.pt").state_dict()
+    assert base.keys() == sparse.keys()
+    assert all(torch.equal(base[k], sparse[k]) for k in base)
+
+
+@pytest.mark.slow
 def test_interrupted_run_resumes_after_the_last_finished_stage(tmp_path: Path, checkpoint: Path, data_yaml: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     import prunefx.pipeline.yolo as pipeline
@@ -141,7 +155,9 @@ def test_bad_inputs_exit_2_without_a_finished_looking_run(tmp_path: Path, checkp
     for extra, message in [(["data=missing.yaml"], "data yaml missing.yaml not found"),
                            (["model=yolov99z.yaml"], "unknown model"),
                            (["prune.target.flops=2"], "flops must be in (0, 1]"),
-                           (["prune.criterion=bn-scale"], "did you mean 'bn_scale'")]:
+                           (["prune.criterion=bn-scale"], "did you mean 'bn_scale'"),
+                           (["prune.sparsity.epochs=1", "prune.sparsity.start=scratch"],
+                            "start=scratch trains from the model yaml")]:
         result = _prune(*base, *extra, "name=bad")
         assert result.exit_code == 2 and message in result.output.replace("\n", ""), result.output
     assert not (tmp_path / "bad").exists()

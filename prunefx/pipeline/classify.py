@@ -307,7 +307,8 @@ def _sparsity(ctx: _Ctx, info: dict[str, Any]) -> None:
     if sp.epochs == 0:
         info["skipped"] = "prune.sparsity.epochs is 0"
         return
-    model = ctx.load_unpruned(ctx.weights / "baseline.pt")
+    # scratch: the baseline's initial weights (fresh() seeds), trained with the penalty from the first step
+    model = ctx.fresh() if sp.start == "scratch" else ctx.load_unpruned(ctx.weights / "baseline.pt")
     exclude = list(sp.exclude)
     if sp.exclude_residual:
         from .. import analyze

@@ -137,6 +137,10 @@ class SparsitySpec(TrainSpec):
     """Network-slimming sparsity training: L1 on BatchNorm gammas, ``s`` fixed or adapted to a target."""
 
     s: float = 1e-3
+    # baseline: continue from the trained baseline; scratch: train from the same initialisation as the baseline
+    # with the penalty on from the first step (network slimming's recipe; on a short budget the only one that
+    # drives gammas to zero, because a trained baseline's gammas sit near 1 and few steps cannot move them apart)
+    start: str = "baseline"
     schedule: str = "constant"  # constant | target (prunefx.train.TargetSparsity)
     target: float = 0.5  # schedule=target: fraction of gammas driven below threshold
     threshold: float = 1e-2
@@ -150,7 +154,7 @@ class SparsitySpec(TrainSpec):
         return {"epochs": self.epochs, **own, **self.overrides}
 
 
-_SPARSITY_OWN = {"s": float, "schedule": str, "target": float, "threshold": float, "s_max": float,
+_SPARSITY_OWN = {"s": float, "start": str, "schedule": str, "target": float, "threshold": float, "s_max": float,
                  "exclude_residual": bool,
                  "exclude": list}
 
@@ -207,6 +211,8 @@ class PruneSpec:
         kw["finetune"] = _parse_train(block.get("finetune"), "prune.finetune", train_keys, TrainSpec, {})
         spec = cls(**kw)
         spec.plan_config()  # the planner's own range checks, now rather than after training
+        if spec.sparsity.start not in ("baseline", "scratch"):
+            raise ConfigError(f"prune.sparsity.start must be 'baseline' or 'scratch', got {spec.sparsity.start!r}")
         if spec.sparsity.schedule not in ("constant", "target"):
             raise ConfigError(f"prune.sparsity.schedule must be 'constant' or 'target', got {spec.sparsity.schedule!r}")
         if not 0 < spec.sparsity.target < 1:

@@ -85,6 +85,9 @@ class YoloJob:
         if train.get("task", task) != task:
             raise ConfigError(f"task={train['task']} but {model} is a {task} model; drop task= or give a {train['task']} model")
         train["task"] = task
+        if spec.sparsity.start == "scratch" and spec.sparsity.epochs and model.endswith(".pt"):
+            raise ConfigError(f"prune.sparsity.start=scratch trains from the model yaml, but model is the checkpoint "
+                              f"{model}; give its yaml (e.g. model=yolov8n.yaml) or use prune.sparsity.start=baseline")
         _check_train_args(train)
         job = cls(model=model, data=data, train=train, prune=spec,
                   project=Path(config.get("project") or "runs/prune"), name=str(config.get("name") or config_name),
@@ -299,7 +302,7 @@ def _sparsity(ctx: _Ctx, info: dict[str, Any]) -> None:
     if sp.epochs == 0:
         info["skipped"] = "prune.sparsity.epochs is 0"
         return
-    model = load_yolo(ctx.weights / "baseline.pt")
+    model = load_yolo(ctx.weights / "baseline.pt")  # scratch: its architecture; the trainer builds from the yaml
     exclude = list(sp.exclude)
     if sp.exclude_residual:
         from .. import analyze
@@ -309,8 +312,9 @@ def _sparsity(ctx: _Ctx, info: dict[str, Any]) -> None:
     cfg = SparsityConfig(s=sp.s, exclude=tuple(exclude), target=sp.target if sp.schedule == "target" else None,
                          threshold=sp.threshold, s_max=sp.s_max)
     hooks = TrainHooks.for_model(model, cfg)
-    _, last = train_yolo(model, ctx.train_args("sparsity", sp.overrides, sp.epochs),
-                         task=ctx.job.task, hooks=hooks)
+    # scratch: ultralytics builds the model from the yaml with the baseline's seed, i.e. the baseline's start
+    _, last = train_yolo(ctx.job.model if sp.start == "scratch" else model,
+                         ctx.train_args("sparsity", sp.overrides, sp.epochs), task=ctx.job.task, hooks=hooks)
     # The last epoch, not the best one: sparsity grows over training and the best mAP is usually early.
     shutil.copyfile(last, ctx.weights / "sparse.pt")
     info["gammas"] = hooks.log

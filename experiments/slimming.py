@@ -40,7 +40,9 @@ from prunefx.models_zoo import bn_cnn
 from prunefx.train import SparsityConfig, TrainConfig, evaluate, fit, fraction_below
 
 WIDTHS = (16, 32, 32, 64)  # half of bn_cnn's default: an epoch of the synthetic set takes seconds on one core
-MAIN = "target0.5"  # the sparsity setting every control is compared at (chosen before the run, not after)
+# The sparsity settings that get every target and every control. target0.5 was chosen before the first run;
+# select0.5 was added after that run showed plain L1 at that strength shrinking the kept channels too.
+MAINS = ("target0.5", "select0.5")
 COLUMNS = ("dataset", "method", "sparsity", "target", "seed", "macs", "macs_kept", "params", "top1_pruned",
            "top1_short", "top1_full", "gammas_below_0.01", "seconds")
 
@@ -55,10 +57,10 @@ class Grid:
     baseline_epochs: int = 12  # also the sparsity-trained models' epochs: they are trained from scratch
     short_epochs: int = 1
     full_epochs: int = 4
-    # (label, s, target) -> SparsityConfig; "s=0" is the baseline itself (no penalty)
-    sparsity: tuple[tuple[str, float, float | None], ...] = (("s=0", 0.0, None), ("s=1e-4", 1e-4, None),
-                                                              ("s=1e-3", 1e-3, None), ("s=1e-2", 1e-2, None),
-                                                              (MAIN, 1e-3, 0.5))
+    # (label, s, target, select) -> SparsityConfig; "s=0" is the baseline itself (no penalty)
+    sparsity: tuple[tuple[str, float, float | None, float | None], ...] = (
+        ("s=0", 0.0, None, None), ("s=1e-4", 1e-4, None, None), ("s=1e-3", 1e-3, None, None),
+        ("s=1e-2", 1e-2, None, None), ("target0.5", 1e-3, 0.5, None), ("select0.5", 1e-3, 0.5, 0.5))
     targets: tuple[float, ...] = (1.5, 2.0, 3.0, 4.0)  # bn_scale and Torch-Pruning at the main sparsity
     control_targets: tuple[float, ...] = (2.0, 4.0)  # random, L1
     sweep_targets: tuple[float, ...] = (2.0,)  # bn_scale at the other sparsity settings
@@ -73,7 +75,7 @@ class Grid:
 # targets, random / L1 at 2x and 4x, the sparsity sweep and the from-scratch controls at 2x only.
 FULL = {"synthetic": Grid(), "digits": Grid(baseline_epochs=10)}
 QUICK = {name: Grid(seeds=(0,), n_train=256, n_test=128, baseline_epochs=1, full_epochs=1,
-                    sparsity=(("s=0", 0.0, None), (MAIN, 1e-3, 0.5)), targets=(2.0,), control_targets=(2.0,),
+                    sparsity=(("s=0", 0.0, None, None), ("select0.5", 1e-3, 0.5, 0.5)), targets=(2.0,), control_targets=(2.0,),
                     sweep_targets=(2.0,), scratch_targets=(2.0,)) for name in ("synthetic", "digits")}
 BASE_LR, FT_LR = 0.05, 0.02
 
@@ -134,8 +136,27 @@ def have_tp() -> bool:
     return True
 
 
-def run_dataset(name: str, grid: Grid, log: Callable[[str], None]) -> list[dict[str, Any]]:
-    """Every row of one dataset: baselines, sparse models, pruned + fine-tuned models and controls, per seed."""
+def planned(grid: Grid, label: str, s: float) -> list[tuple[str, str, float]]:
+    """The (method, sparsity, target) rows one sparsity setting produces, in the order they are made."""
+    main = label in MAINS
+    keys = [] if s == 0 else [("sparse", label, 1.0)]
+    for k in grid.targets if main else grid.sweep_targets:
+        keys.append(("bn_scale", label, k))
+        if main and k in grid.scratch_targets:
+            keys.append(("scratch", label, k))
+    if main:
+        keys += [("tp_bn_scale", label, k) for k in grid.targets if have_tp()]
+        keys += [(m, label, k) for m in ("random", "l1") for k in grid.control_targets]
+    return keys
+
+
+def run_dataset(name: str, grid: Grid, log: Callable[[str], None],
+                have: frozenset[tuple[str, str, float]] = frozenset()) -> list[dict[str, Any]]:
+    """Every row of one dataset: baselines, sparse models, pruned + fine-tuned models and controls, per seed.
+
+    ``have``: (method, sparsity, target) rows already measured (one seed): not made again, and a model that
+    only they need is not trained.
+    """
     data = load(name, grid)
     x, x1 = data.example(64), data.example(1)  # 64 real images: bias compensation measures channel means on them
     log(f"{name}: {data.summary()}")
@@ -161,42 +182,53 @@ def run_dataset(name: str, grid: Grid, log: Callable[[str], None]) -> list[dict[
         torch.manual_seed(seed)
         fresh = bn_cnn(data.num_classes, data.channels, WIDTHS)
         base_macs = measure(fresh, (x1,)).macs
-        baseline = train(copy.deepcopy(fresh), data, grid.baseline_epochs, BASE_LR, seed)
-        row("baseline", "-", 1.0, seed, baseline, t0, top1_full=top1(baseline, data))
-        for label, s, target in grid.sparsity:
+        todo = {label: [key for key in planned(grid, label, s) if key not in have] for label, s, *_ in grid.sparsity}
+        baseline = None
+        if ("baseline", "-", 1.0) not in have or any(todo[label] for label, s, *_ in grid.sparsity if s == 0):
+            baseline = train(copy.deepcopy(fresh), data, grid.baseline_epochs, BASE_LR, seed)
+            if ("baseline", "-", 1.0) not in have:
+                row("baseline", "-", 1.0, seed, baseline, t0, top1_full=top1(baseline, data))
+        for label, s, target, select in grid.sparsity:
+            if not todo[label]:
+                continue
             t0 = time.perf_counter()
             if s == 0:
                 sparse = baseline
             else:  # from the same initialisation as the baseline, for the same epochs
                 sparse = train(copy.deepcopy(fresh), data, grid.baseline_epochs, BASE_LR, seed,
-                               SparsityConfig(s=s, target=target))
-                row("sparse", label, 1.0, seed, sparse, t0, top1_full=top1(sparse, data))
+                               SparsityConfig(s=s, target=target, select=select))
+                if ("sparse", label, 1.0) in todo[label]:
+                    row("sparse", label, 1.0, seed, sparse, t0, top1_full=top1(sparse, data))
             gammas = [m.weight for m in sparse.modules() if isinstance(m, nn.BatchNorm2d)]
             below = fraction_below(gammas, 1e-2)
-            methods = [("bn_scale", grid.targets if label == MAIN else grid.sweep_targets)]
-            if label == MAIN:
+            methods = [("bn_scale", grid.targets if label in MAINS else grid.sweep_targets)]
+            if label in MAINS:
                 methods += [("tp_bn_scale", grid.targets), ("random", grid.control_targets),
                             ("l1", grid.control_targets)]
             for method, targets in methods:
                 for k in targets:
+                    wanted = {(method, label, k), ("scratch", label, k)} & set(todo[label])
+                    if not wanted:  # measured already (or Torch-Pruning not installed: planned() omits it)
+                        continue
                     t0 = time.perf_counter()
                     if method == "tp_bn_scale":
-                        if not have_tp():
-                            continue  # the table says "skipped: torch-pruning not installed"
                         pruned = tp_bn_scale(sparse, x1, 1 / k)
                     else:
                         pruned = copy.deepcopy(sparse)
                         prunefx.prune(pruned, x, prunefx.PlanConfig(flops=1 / k), criterion=method, seed=seed)
                     after = top1(pruned, data)
                     arch = copy.deepcopy(pruned)
-                    short, full = finetune(pruned, seed)
-                    row(method, label, k, seed, pruned, t0, top1_pruned=after, top1_short=short, top1_full=full,
-                        **{"gammas_below_0.01": below})
-                    if method == "bn_scale" and label == MAIN and k in grid.scratch_targets:
+                    if (method, label, k) in wanted:
+                        short, full = finetune(pruned, seed)
+                        row(method, label, k, seed, pruned, t0, top1_pruned=after, top1_short=short,
+                            top1_full=full, **{"gammas_below_0.01": below})
+                    if ("scratch", label, k) in wanted and method == "bn_scale":
                         t0 = time.perf_counter()
                         scratch = train(reinit(arch, seed), data, grid.scratch_epochs, BASE_LR, seed)
                         row("scratch", label, k, seed, scratch, t0, top1_full=top1(scratch, data))
         for k in grid.scratch_targets:
+            if ("uniform", "-", k) in have:
+                continue
             t0 = time.perf_counter()
             uniform = copy.deepcopy(fresh)  # every prunable group loses the same fraction; weights are then reset
             prunefx.prune(uniform, x, prunefx.PlanConfig(flops=1 / k, scope="local"), criterion="l1", check=False)
@@ -241,21 +273,21 @@ def summary(aggs: Sequence[dict[str, Any]], tp_ok: bool) -> list[str]:
     for ds in dict.fromkeys(a["dataset"] for a in aggs):
         by = {(a["method"], a["sparsity"], a["target"]): a for a in aggs if a["dataset"] == ds}
         base = by[("baseline", "-", 1.0)]["top1_full"][0]
-        gam = next((a["gammas_below_0.01"] for a in by.values() if a["sparsity"] == MAIN and a["gammas_below_0.01"]),
-                   None)
-        lines.append(f"- **{ds}**: baseline {100 * base:.1f}% top-1." + ("" if gam is None else
-                     f" After {MAIN} sparsity training {100 * gam[0]:.0f}% of the BN gammas are below 0.01 "
-                     "(TargetSparsity aims at 50%)."))
-        for (method, sp, k), a in by.items():
-            if method != "bn_scale" or sp != MAIN:
+        gams = {main: next((a["gammas_below_0.01"] for a in by.values() if a["sparsity"] == main
+                            and a["gammas_below_0.01"]), None) for main in MAINS}
+        lines.append(f"- **{ds}**: baseline {100 * base:.1f}% top-1. BN gammas below 0.01 after sparsity training "
+                     "(both aim at 50%): " + ", ".join(f"{main} {100 * g[0]:.0f}%" for main, g in gams.items() if g)
+                     + ".")
+        for (method, main, k), a in by.items():
+            if method != "bn_scale" or main not in MAINS:
                 continue
             ours = a["top1_full"][0]
-            sparse = by.get(("sparse", MAIN, 1.0))
-            parts = [f"bn_scale at {k:g}x fewer MACs: {100 * a['top1_pruned'][0]:.1f}% right after pruning"
+            sparse = by.get(("sparse", main, 1.0))
+            parts = [f"bn_scale ({main}) at {k:g}x fewer MACs: {100 * a['top1_pruned'][0]:.1f}% right after pruning"
                      + ("" if sparse is None else f" (the unpruned sparsity-trained model: "
                         f"{100 * sparse['top1_full'][0]:.1f}%)")
                      + f", {100 * ours:.1f}% after the full fine-tune ({100 * (ours - base):+.1f} points vs baseline)"]
-            for other, osp in (("tp_bn_scale", MAIN), ("random", MAIN), ("l1", MAIN), ("scratch", MAIN),
+            for other, osp in (("tp_bn_scale", main), ("random", main), ("l1", main), ("scratch", main),
                                ("uniform", "-")):
                 o = by.get((other, osp, k))
                 if o is None:
@@ -309,10 +341,13 @@ def render(rows: list[dict[str, Any]], grids: dict[str, Grid], args: argparse.Na
              "",
              "Sparsity (the penalty is on from the first step, as in the network-slimming paper): `s=0` prunes the "
              "baseline itself; "
-             + ", ".join(f"`{label}`" for label, _s, t in g.sparsity if _s and t is None)
+             + ", ".join(f"`{label}`" for label, _s, t, _sel in g.sparsity if _s and t is None)
              + " add `BNSparsity(s)` at that fixed strength; "
-             f"`{MAIN}` uses `TargetSparsity(target=0.5)` (s adapted so half the gammas end below 0.01). Controls "
-             f"and Torch-Pruning use the `{MAIN}` weights. prunefx rows: `prunefx.prune(PlanConfig(flops=1/k))` "
+             "`target0.5` uses `TargetSparsity(target=0.5)` (s adapted so half the gammas end below 0.01) on every "
+             "gamma; `select0.5` the same schedule with `BNSparsity(select=0.5)`, which penalises only the half with "
+             "the smallest |gamma| (re-chosen every step), so the kept channels are not shrunk. Every target and "
+             "every control runs at both; controls and Torch-Pruning use the weights of the setting named in their "
+             "row. prunefx rows: `prunefx.prune(PlanConfig(flops=1/k))` "
              "(global threshold; bn_scale with its default bias compensation, random/l1 without). Torch-Pruning: "
              "`BNScalePruner(global_pruning=True, max_pruning_ratio=0.9)` with `pruning_ratio` bisected (14 steps) "
              "until `prunefx.metrics.measure` gives the closest MACs to 1/k; every row reports the MACs measured "
@@ -355,12 +390,16 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         mine = [a for a in aggs if a["dataset"] == ds]
         base = next(a for a in mine if a["method"] == "baseline")
         ax.axhline(100 * base["top1_full"][0], color="grey", ls="--", lw=1, label="baseline")
-        for method in ("bn_scale", "tp_bn_scale", "random", "l1", "scratch", "uniform"):
-            pts = sorted((a for a in mine if a["method"] == method and a["sparsity"] in (MAIN, "-")),
-                         key=lambda a: a["macs_kept"])
-            if pts:
-                ax.errorbar([a["macs_kept"] for a in pts], [100 * a["top1_full"][0] for a in pts],
-                            yerr=[100 * np.nan_to_num(a["top1_full"][1]) for a in pts], marker="o", capsize=3, label=NAMES[method])
+        colours = dict(zip(NAMES, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
+        for sp, style in (*zip(MAINS, ("--", "-")), ("-", "-")):  # the settings' lines: dashed, solid; uniform
+            for method in ("bn_scale", "tp_bn_scale", "random", "l1", "scratch", "uniform"):
+                pts = sorted((a for a in mine if a["method"] == method and a["sparsity"] == sp),
+                             key=lambda a: a["macs_kept"])
+                if pts:
+                    ax.errorbar([a["macs_kept"] for a in pts], [100 * a["top1_full"][0] for a in pts],
+                                yerr=[100 * np.nan_to_num(a["top1_full"][1]) for a in pts], marker="o", capsize=3,
+                                ls=style, color=colours[method],
+                                label=NAMES[method] + ("" if sp == "-" else f" ({sp})"))
         ax.set(title=f"{ds}: top-1 after the full fine-tune", xlabel="MACs kept (fraction of baseline)",
                ylabel="top-1 (%)")
         ax.grid(alpha=0.3)
@@ -379,7 +418,8 @@ def main(argv: list[str] | None = None) -> Path:
     ap.add_argument("--quick", action="store_true", help="one seed, one target, 1-epoch stages, few images (CI)")
     ap.add_argument("--out", type=Path, default=Path("experiments/results"))
     ap.add_argument("--render", action="store_true", help="only re-render the md and png from the csv in --out")
-    ap.add_argument("--resume", action="store_true", help="keep the (dataset, seed) results already in the csv")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the rows already in the csv and make only the missing ones (e.g. after a new setting)")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads per process (1: one thread trains these small convs fastest per core)")
     ap.add_argument("--jobs", type=int, default=1, help="(dataset, seed) units trained in parallel processes")
@@ -390,35 +430,53 @@ def main(argv: list[str] | None = None) -> Path:
     rows = read_csv(path) if (args.render or args.resume) and path.is_file() else []
     if not args.render:
         args.out.mkdir(parents=True, exist_ok=True)
-        done = {(r["dataset"], r["seed"]) for r in rows}
+        have: dict[tuple[str, int], set[tuple[str, str, float]]] = {}
+        for r in rows:
+            have.setdefault((r["dataset"], r["seed"]), set()).add((r["method"], r["sparsity"], float(r["target"])))
         # Seeds outermost and the files rewritten after each (seed, dataset): a stopped run leaves a table of
-        # the seeds it finished (the md says which), and --resume continues with the rest.
+        # the seeds it finished (the md says which), and --resume makes only the rows still missing.
         todo = [(name, seed) for seed in sorted({s for g in grids.values() for s in g.seeds})
-                for name, grid in grids.items() if seed in grid.seeds and (name, seed) not in done]
+                for name, grid in grids.items()
+                if seed in grid.seeds and not unit_rows(grid) <= have.get((name, seed), set())]
         if args.jobs > 1:
             todo.sort(key=lambda u: list(grids).index(u[0]))  # the long dataset first: the pool ends together
             ctx = multiprocessing.get_context("spawn")  # a fresh interpreter per worker: no forked torch threads
             with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=ctx) as pool:
-                futures = [pool.submit(_unit, name, grids[name], seed, args.threads) for name, seed in todo]
+                futures = [pool.submit(_unit, name, grids[name], seed, args.threads,
+                                       frozenset(have.get((name, seed), ()))) for name, seed in todo]
                 for f in concurrent.futures.as_completed(futures):
                     rows += f.result()
                     write(rows, grids, args, stem)
         else:
             for name, seed in todo:
-                rows += _unit(name, grids[name], seed, args.threads)
+                rows += _unit(name, grids[name], seed, args.threads, frozenset(have.get((name, seed), ())))
                 write(rows, grids, args, stem)
     return write(rows, grids, args, stem)
 
 
-def _unit(name: str, grid: Grid, seed: int, threads: int) -> list[dict[str, Any]]:
-    """One (dataset, seed): every row of it (runs in a worker process with ``--jobs``)."""
+def unit_rows(grid: Grid) -> set[tuple[str, str, float]]:
+    """Every (method, sparsity, target) row one (dataset, seed) of ``grid`` makes."""
+    keys = {("baseline", "-", 1.0)} | {("uniform", "-", k) for k in grid.scratch_targets}
+    return keys | {key for label, s, *_ in grid.sparsity for key in planned(grid, label, s)}
+
+
+def _unit(name: str, grid: Grid, seed: int, threads: int,
+          have: frozenset[tuple[str, str, float]] = frozenset()) -> list[dict[str, Any]]:
+    """One (dataset, seed): the rows of it not in ``have`` (runs in a worker process with ``--jobs``)."""
     torch.set_num_threads(threads)
-    return run_dataset(name, replace(grid, seeds=(seed,)), lambda m: print(m, flush=True))
+    return run_dataset(name, replace(grid, seeds=(seed,)), lambda m: print(m, flush=True), have)
 
 
 def write(rows: list[dict[str, Any]], grids: dict[str, Grid], args: argparse.Namespace, stem: str) -> Path:
     order = list(grids)
-    rows.sort(key=lambda r: (order.index(r["dataset"]), r["seed"]))  # stable: method order within a seed kept
+    methods = ("baseline", "sparse", "bn_scale", "scratch", "tp_bn_scale", "random", "l1", "uniform")
+
+    def place(r: dict[str, Any]) -> tuple:  # a resumed run appends rows; the table keeps one order regardless
+        labels = ["-", *(label for label, *_ in grids[r["dataset"]].sparsity)]
+        return (order.index(r["dataset"]), r["seed"], r["method"] == "uniform", labels.index(r["sparsity"]),
+                methods.index(r["method"]), float(r["target"]))
+
+    rows.sort(key=place)
     if not args.render:
         with open(args.out / f"{stem}.csv", "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=COLUMNS)

@@ -16,6 +16,8 @@ import datetime
 import math
 import os
 import platform
+import shlex
+import sys
 import time
 from pathlib import Path
 
@@ -138,14 +140,18 @@ def write(rows: list[dict], out: Path, args: argparse.Namespace, stem: str) -> P
         w = csv.DictWriter(fh, fieldnames=FIELDS)
         w.writeheader()
         w.writerows(rows)
-    cmd = "python -m experiments.yolo_synthetic" + (" --quick" if args.quick else "")
+    shown = [a for a in args.argv if a != "--rewrite"]  # the command that made the rows
+    if "--note" in shown:
+        del shown[shown.index("--note"):shown.index("--note") + 2]
+    cmd = " ".join(["python -m experiments.yolo_synthetic", *map(shlex.quote, shown)])
     lines = [
         "# YOLO on the embedded synthetic shapes set", "",
         f"Command: `{cmd}` (each row is one `prunefx prune configs/yolo.yaml model=... prune.target.flops=T` run; "
         "the targets of one model share the baseline trained in its first run).",
         f"Machine: {platform.machine()} CPU, {os.cpu_count()} cores, torch {torch.__version__}, "
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d}; settings from configs/yolo.yaml"
-        + (" with the --quick overrides " + " ".join(QUICK) if args.quick else "") + ".",
+        + (" with the --quick overrides " + " ".join(QUICK) if args.quick else "")
+        + (" with " + " ".join(args.set) if args.set else "") + ".",
         "mAP by `YOLO(path).val()` on the synthetic val split; GFLOPs in ultralytics' convention at 640; latency: "
         "CPU, batch 1 at the training imgsz, median of 50 after 10 warm-up, all cores.", "",
         "| model | target | GFLOPs@640 base -> pruned (ratio) | params M | mAP50-95 baseline | pruned | fine-tuned | "
@@ -192,32 +198,41 @@ def main(argv: list[str] | None = None) -> Path:
     ap.add_argument("--runs", type=Path, default=ROOT / "runs" / "experiments")
     ap.add_argument("--rewrite", action="store_true", help="only re-render the md from the existing CSV")
     ap.add_argument("--note", default="", help="a sentence appended to the md (e.g. what loaded the machine)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config override for every run (repeatable): a recipe variant, written to its own --stem")
+    ap.add_argument("--stem", default=None, help="output file stem (default yolo_synthetic[_quick])")
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = ap.parse_args(argv)
-    stem = "yolo_synthetic_quick" if args.quick else "yolo_synthetic"
+    args.argv = argv
+    stem = args.stem or ("yolo_synthetic_quick" if args.quick else "yolo_synthetic")
     if args.rewrite:
         rows = [{k: _num(v) for k, v in r.items()} for r in csv.DictReader(open(args.out / f"{stem}.csv"))]
         return write(rows, args.out, args, stem)
     models = ["yolov8n"] if args.quick else args.models.split(",")
     targets = [0.5] if args.quick else [float(t) for t in args.targets.split(",")]
-    extra = QUICK if args.quick else []
+    extra = [*(QUICK if args.quick else []), *args.set]
+    from prunefx.pipeline import load_config
+    from prunefx.pipeline.yolo import YoloJob
+
+    job = YoloJob.from_config(load_config(CONFIG, extra))  # validates the overrides before any training
+    # start=scratch trains the sparse model from the model yaml, so every target trains its own (identical) baseline
+    share_baseline = job.prune.sparsity.start != "scratch"
+    runs = args.runs / stem if args.stem else args.runs  # a variant's runs never replace the default table's
     rows = []
     for model in models:
         baseline = None
         for target in targets:
-            row = run_one(model, target, args.runs, extra, baseline)
+            row = run_one(model, target, runs, extra, baseline)
             rows.append(row)
-            baseline = Path(row["run"]) / "weights" / "baseline.pt"
-            write(rows, args.out, args, "yolo_synthetic_quick" if args.quick else "yolo_synthetic")
+            if share_baseline:
+                baseline = Path(row["run"]) / "weights" / "baseline.pt"
+            write(rows, args.out, args, stem)
             if target in args.controls and not args.quick:
-                from prunefx.pipeline import load_config
-                from prunefx.pipeline.yolo import YoloJob
-
-                job = YoloJob.from_config(load_config(CONFIG, extra))
                 budget = int(job.train["epochs"]) + job.prune.sparsity.epochs + job.prune.finetune.epochs
                 for kind in ("unpruned", "narrow"):
-                    rows.append(control(kind, model, target, args.runs, extra, budget))
-                    write(rows, args.out, args, "yolo_synthetic")
-    path = write(rows, args.out, args, "yolo_synthetic_quick" if args.quick else "yolo_synthetic")
+                    rows.append(control(kind, model, target, runs, extra, budget))
+                    write(rows, args.out, args, stem)
+    path = write(rows, args.out, args, stem)
     print(path.read_text())
     return path
 

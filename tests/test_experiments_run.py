@@ -41,12 +41,20 @@ def test_quick_latency_table(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_quick_yolo_table(tmp_path: Path) -> None:
-    [path] = runner.main(["yolo_synthetic", "--quick", "--out", str(tmp_path), "--runs", str(tmp_path / "runs")])
-    rows = list(csv.DictReader(open(tmp_path / "yolo_synthetic_quick.csv")))
+    # A recipe variant (--set) goes to its own stem and run folder, and the table names the overrides.
+    variant = ["--set", "prune.sparsity.selective=true", "--set", "prune.sparsity.schedule=target"]
+    [path] = runner.main(["yolo_synthetic", "--quick", "--out", str(tmp_path), "--runs", str(tmp_path / "runs"),
+                          *variant, "--stem", "variant_quick"])
+    assert path == tmp_path / "variant_quick.md"
+    assert "with prune.sparsity.selective=true prune.sparsity.schedule=target" in path.read_text()
+    rows = list(csv.DictReader(open(tmp_path / "variant_quick.csv")))
     assert len(rows) == 1 and len(_table(path)) == 2
     r = rows[0]
     assert r["model"] == "yolov8n" and float(r["gflops_ratio"]) == pytest.approx(0.5, abs=0.025)
     assert 0 <= float(r["map50_95_finetuned"]) <= 1 and (Path(r["run"]) / "report.json").is_file()
+    assert Path(r["run"]).parent == tmp_path / "runs" / "variant_quick"
+    config = (Path(r["run"]) / "config.yaml").read_text()
+    assert "selective: true" in config and "schedule: target" in config
 
 
 def test_readme_tables_match_the_generated_files() -> None:

@@ -46,9 +46,22 @@ def test_quick_run_writes_md_csv_png(tmp_path):
     skipped = [line for line in table if "skipped: torch-pruning not installed" in line]
     assert len(skipped) == (0 if slimming.have_tp() else 1)  # without the extra the table says so in one row
     assert len(table) - len(skipped) == 1 + len({(r["dataset"], r["method"], r["sparsity"], r["target"]) for r in rows})
-    assert "## Summary" in text and "bn_scale at 2x fewer MACs" in text
+    assert "## Summary" in text and "bn_scale (select0.5) at 2x fewer MACs" in text
     assert (tmp_path / "slimming_quick.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # re-rendering from the csv gives the same table
     (tmp_path / "slimming_quick.png").unlink()
     slimming.main(["--quick", "--render", "--out", str(tmp_path)])
     assert md.read_text() == text and (tmp_path / "slimming_quick.png").is_file()
+
+    # --resume makes only the missing rows, and makes them as a full run does (same seeds, same numbers).
+    csv_path = tmp_path / "slimming_quick.csv"
+    lines = csv_path.read_text().splitlines()
+    dropped = [line for line in lines[1:] if line.startswith("synthetic,") and ",select0.5," in line]
+    assert dropped
+    csv_path.write_text("\n".join(line for line in lines if line not in dropped) + "\n")
+    slimming.main(["--quick", "--resume", "--out", str(tmp_path)])
+    again = csv_path.read_text().splitlines()
+    assert len(again) == len(lines)
+    def measured(line: str) -> str:
+        return line.rsplit(",", 1)[0]  # all but the seconds column
+    assert sorted(map(measured, again)) == sorted(map(measured, lines))

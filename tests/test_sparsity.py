@@ -40,6 +40,37 @@ def test_hook_adds_exactly_s_sign_gamma_after_clipping():
     assert sp.steps == 1 and sp.step_s == 0.01
 
 
+def test_select_penalises_only_the_smallest_fraction_of_gammas():
+    model = _mlp()
+    gammas = [model[1].weight, model[4].weight]
+    with torch.no_grad():
+        model[1].weight.copy_(torch.tensor([0.9, -0.1, 0.5, 0.2, 1.3, -0.7, 0.05, 0.8]))
+        model[4].weight.copy_(torch.tensor([0.3, 1.1, -0.4, 0.6, 0.15, 1.0]))
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    BNSparsity(model, s=0.01, select=0.5).attach(opt)
+    for g in gammas:
+        g.grad = torch.zeros_like(g)  # no loss gradient: the update is the penalty alone
+    before = [g.detach().clone() for g in gammas]
+    opt.step()
+    flat = torch.cat(before).abs()
+    smallest = flat <= flat.kthvalue(7).values  # 7 = ceil(0.5 * 14) smallest |gamma| over both layers
+    moved = torch.cat([g.detach() for g in gammas]) != torch.cat(before)
+    assert torch.equal(moved, smallest)
+    torch.testing.assert_close(torch.cat([g.detach() for g in gammas])[smallest],
+                               (torch.cat(before) - 0.01 * torch.cat(before).sign())[smallest])
+
+
+def test_select_breaks_exact_ties_across_layers_not_by_index():
+    model = _mlp()  # BatchNorm gammas start at exactly 1.0
+    sp = BNSparsity(model, s=0.01, select=0.5)
+    masks = sp.selected()
+    assert sum(int(m.sum()) for m in masks) == 7
+    assert all(0 < m.sum() < m.numel() for m in masks)  # by index: 7 of the first layer, none of the second
+    assert all(torch.equal(a, b) for a, b in zip(masks, sp.selected()))  # the same choice every step
+    with pytest.raises(PrunefxError, match="select must be a fraction"):
+        BNSparsity(model, select=1.0)
+
+
 @pytest.mark.parametrize("explicit_unscale", [True, False])
 def test_hook_runs_after_grad_scaler_unscales(explicit_unscale):
     model = _mlp()

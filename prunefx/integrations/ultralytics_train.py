@@ -44,6 +44,7 @@ class SparsityConfig:
     target: float | None = None
     threshold: float = 1e-2
     s_max: float = 3e-2
+    select: float | None = None  # penalise only this fraction, the smallest gammas (BNSparsity's select)
 
 
 @dataclass
@@ -81,7 +82,8 @@ class TrainHooks:
             steps_per_epoch = max(1, len(trainer.train_loader) // max(1, trainer.accumulate))
             schedule = TargetSparsity(target=sp.target, threshold=sp.threshold, s_max=sp.s_max,
                                       total_steps=max(1, steps_per_epoch * (trainer.epochs - trainer.start_epoch)))
-        self._sp = BNSparsity(model, sp.s, exclude=sp.exclude, schedule=schedule).attach(trainer.optimizer)
+        self._sp = BNSparsity(model, sp.s, exclude=sp.exclude, schedule=schedule,
+                              select=sp.select).attach(trainer.optimizer)
 
     def on_train_epoch_end(self, trainer: Any) -> None:
         if self._sp is None:

@@ -316,6 +316,7 @@ def _sparsity(ctx: _Ctx, info: dict[str, Any]) -> None:
 
         exclude += residual_bns(analyze(model, (ctx.job.example(),)))
     cfg = SparsityConfig(s=sp.s, target=sp.target if sp.schedule == "target" else None, threshold=sp.threshold,
+                         select=sp.target if sp.selective else None,
                          exclude=tuple(exclude))
     result = fit(model, ctx.data.train, ctx.recipe(sp.overrides, sp.epochs, "prune.sparsity."), val=ctx.data.val,
                  dist=ctx.dist, checkpoint=ctx.weights / "sparsity_last.pt", sparsity=cfg, log=ctx.log)

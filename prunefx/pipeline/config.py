@@ -145,6 +145,7 @@ class SparsitySpec(TrainSpec):
     target: float = 0.5  # schedule=target: fraction of gammas driven below threshold
     threshold: float = 1e-2
     s_max: float = 3e-2  # schedule=target: the largest s it may reach (keep s_max * lr well below threshold)
+    selective: bool = False  # penalise only the `target` fraction with the smallest gammas (BNSparsity select)
     exclude_residual: bool = False  # leave BNs that feed residual adds unpenalised
     exclude: tuple[str, ...] = ()  # fnmatch patterns of BatchNorm names left unpenalised
 
@@ -155,6 +156,7 @@ class SparsitySpec(TrainSpec):
 
 
 _SPARSITY_OWN = {"s": float, "start": str, "schedule": str, "target": float, "threshold": float, "s_max": float,
+                 "selective": bool,
                  "exclude_residual": bool,
                  "exclude": list}
 

@@ -310,6 +310,7 @@ def _sparsity(ctx: _Ctx, info: dict[str, Any]) -> None:
 
         exclude += residual_bns(analyze(model, (ctx.example(),)))
     cfg = SparsityConfig(s=sp.s, exclude=tuple(exclude), target=sp.target if sp.schedule == "target" else None,
+                         select=sp.target if sp.selective else None,
                          threshold=sp.threshold, s_max=sp.s_max)
     hooks = TrainHooks.for_model(model, cfg)
     # scratch: ultralytics builds the model from the yaml with the baseline's seed, i.e. the baseline's start

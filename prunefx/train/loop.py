@@ -131,6 +131,7 @@ class SparsityConfig:
     target: float | None = None  # adapt s with TargetSparsity so this fraction of gammas ends below threshold
     threshold: float = 1e-2
     exclude: tuple[str, ...] = ()
+    select: float | None = None  # penalise only this fraction, the smallest gammas (see BNSparsity)
 
 
 @dataclass(frozen=True)
@@ -265,7 +266,8 @@ def fit(model: nn.Module, train: Dataset, cfg: TrainConfig, *, val: Dataset | No
     if sparsity is not None:
         schedule = TargetSparsity(target=sparsity.target, total_steps=max(1, total), threshold=sparsity.threshold) \
             if sparsity.target is not None else None
-        reg = BNSparsity(module, sparsity.s, exclude=sparsity.exclude, schedule=schedule).attach(opt)
+        reg = BNSparsity(module, sparsity.s, exclude=sparsity.exclude, schedule=schedule,
+                         select=sparsity.select).attach(opt)
     history: list[dict[str, Any]] = []
     start = 0
     if checkpoint is not None:

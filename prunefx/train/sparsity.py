@@ -46,6 +46,13 @@ class BNSparsity:
     names or fnmatch patterns to leave out, e.g. ``residual_bns(dg)`` or ``"model.22.*"``.
     ``s`` is the strength, or the starting strength when a ``schedule`` adapts it every step.
 
+    ``select``: penalise only that fraction of the gammas, the ones with the smallest |gamma| over all selected
+    BatchNorms, re-chosen every step (exact ties broken by a fixed random order). Plain L1 shrinks every gamma;
+    where the loss barely resists (a detector's gammas move in lockstep) they all fall together and the
+    kept channels are crippled too. Selected, the would-be-pruned channels fade while the network adapts
+    and the rest keep their scale (the idea of growing-regularisation pruning, with the global rank of
+    network slimming choosing what fades).
+
     >>> sp = BNSparsity(model, s=1e-4).attach(optimizer)
     >>> ...; sp.detach()
     """
@@ -58,10 +65,18 @@ class BNSparsity:
         modules: Iterable[str] | None = None,
         exclude: Iterable[str] = (),
         schedule: Schedule | None = None,
+        select: float | None = None,
     ) -> None:
+        if select is not None and not 0 < select < 1:
+            raise PrunefxError(f"BNSparsity select must be a fraction in (0, 1), got {select}")
         self.modules = _select_bns(model, modules, exclude)
         self.gammas = [bn.weight for bn in self.modules.values() if bn.weight.requires_grad]
         self.schedule = schedule
+        self.select = select
+        n = sum(g.numel() for g in self.gammas)
+        # A fixed random order breaks exact ties (all gammas are 1.0 at initialisation): by index it would
+        # select whole early layers, which then stay the smallest.
+        self._order = torch.randperm(n, generator=torch.Generator().manual_seed(0))
         self.steps = 0
         self._s = float(s)
         self._handle: RemovableHandle | None = None
@@ -100,8 +115,20 @@ class BNSparsity:
                 if g.grad is None:
                     g.grad = torch.zeros_like(g)
             if self.gammas:
-                torch._foreach_add_([g.grad for g in self.gammas], torch._foreach_sign(self.gammas), alpha=self._s)
+                signs = torch._foreach_sign(self.gammas)
+                if self.select is not None:
+                    torch._foreach_mul_(signs, self.selected())
+                torch._foreach_add_([g.grad for g in self.gammas], signs, alpha=self._s)
         self.steps += 1
+
+    def selected(self) -> list[torch.Tensor]:
+        """Per BatchNorm, 1.0 where the gamma is among the ``select`` fraction with the smallest |gamma|, else 0."""
+        a = _abs(self.gammas, relative=False)
+        k = max(1, math.ceil(self.select * a.numel())) if self.select is not None else a.numel()
+        order = self._order.to(a.device)
+        chosen = order[torch.argsort(a[order], stable=True)[:k]]
+        mask = torch.zeros_like(a).index_fill_(0, chosen, 1.0)
+        return [m.view_as(g).to(g.dtype) for m, g in zip(mask.split([g.numel() for g in self.gammas]), self.gammas)]
 
 
 @dataclass(kw_only=True)

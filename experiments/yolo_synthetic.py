@@ -147,7 +147,8 @@ def write(rows: list[dict], out: Path, args: argparse.Namespace, stem: str) -> P
     lines = [
         "# YOLO on the embedded synthetic shapes set", "",
         f"Command: `{cmd}` (each row is one `prunefx prune configs/yolo.yaml model=... prune.target.flops=T` run; "
-        "the targets of one model share the baseline trained in its first run).",
+        + ("the targets of one model share the baseline trained in its first run)." if args.share_baseline else
+           "each run trains its own baseline: the sparse model starts from the baseline's initialisation)."),
         f"Machine: {platform.machine()} CPU, {os.cpu_count()} cores, torch {torch.__version__}, "
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d}; settings from configs/yolo.yaml"
         + (" with the --quick overrides " + " ".join(QUICK) if args.quick else "")
@@ -173,8 +174,11 @@ def write(rows: list[dict], out: Path, args: argparse.Namespace, stem: str) -> P
             f"{r['map50_95_loss_points']:+.2f} | {r['map50_baseline']:.3f} / {r['map50_finetuned']:.3f} | {lat} | "
             f"{r['minutes']:.1f} |")
     lines += ["", "Loss = baseline minus fine-tuned mAP50-95, in points (negative: the fine-tuned model is better). "
-              "The baseline trains for `epochs` only; the pruned model gets `prune.sparsity.epochs` + "
-              "`prune.finetune.epochs` more, so the control rows (trained from scratch for the same total epochs: "
+              + ("The baseline trains for `epochs` only; the pruned model gets `prune.sparsity.epochs` + "
+                 "`prune.finetune.epochs` more" if args.share_baseline else
+                 "The pruned model descends from a sparse model trained from the baseline's initialisation for "
+                 "`prune.sparsity.epochs`, then gets `prune.finetune.epochs` more")
+              + ", so the control rows (trained from scratch for the same total epochs: "
               "the unpruned model, and one made uniformly narrower by its width multiple; its GFLOPs cannot go "
               "lower than shown because ultralytics rounds widths to multiples of 8) are the fair comparison. "
               + ("" if args.rewrite else f"1-min load average when written: {os.getloadavg()[0]:.1f} on "
@@ -205,18 +209,18 @@ def main(argv: list[str] | None = None) -> Path:
     args = ap.parse_args(argv)
     args.argv = argv
     stem = args.stem or ("yolo_synthetic_quick" if args.quick else "yolo_synthetic")
-    if args.rewrite:
-        rows = [{k: _num(v) for k, v in r.items()} for r in csv.DictReader(open(args.out / f"{stem}.csv"))]
-        return write(rows, args.out, args, stem)
-    models = ["yolov8n"] if args.quick else args.models.split(",")
-    targets = [0.5] if args.quick else [float(t) for t in args.targets.split(",")]
     extra = [*(QUICK if args.quick else []), *args.set]
     from prunefx.pipeline import load_config
     from prunefx.pipeline.yolo import YoloJob
 
     job = YoloJob.from_config(load_config(CONFIG, extra))  # validates the overrides before any training
     # start=scratch trains the sparse model from the model yaml, so every target trains its own (identical) baseline
-    share_baseline = job.prune.sparsity.start != "scratch"
+    args.share_baseline = job.prune.sparsity.start != "scratch"
+    if args.rewrite:
+        rows = [{k: _num(v) for k, v in r.items()} for r in csv.DictReader(open(args.out / f"{stem}.csv"))]
+        return write(rows, args.out, args, stem)
+    models = ["yolov8n"] if args.quick else args.models.split(",")
+    targets = [0.5] if args.quick else [float(t) for t in args.targets.split(",")]
     runs = args.runs / stem if args.stem else args.runs  # a variant's runs never replace the default table's
     rows = []
     for model in models:
@@ -224,7 +228,7 @@ def main(argv: list[str] | None = None) -> Path:
         for target in targets:
             row = run_one(model, target, runs, extra, baseline)
             rows.append(row)
-            if share_baseline:
+            if args.share_baseline:
                 baseline = Path(row["run"]) / "weights" / "baseline.pt"
             write(rows, args.out, args, stem)
             if target in args.controls and not args.quick:

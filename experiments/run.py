@@ -33,6 +33,7 @@ EXPERIMENTS = {
     "bias_compensation": Experiment("experiments.bias_compensation", "top-1 right after pruning with/without compensation",
                                     ("sklearn",)),
     "yolo_synthetic": Experiment("experiments.yolo_synthetic", "yolov8n / yolo11n pipeline at several GFLOPs targets"),
+    "yolo_latency": Experiment("experiments.yolo_latency", "CPU latency of the yolo_synthetic tables' models"),
 }
 
 

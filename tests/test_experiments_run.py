@@ -57,6 +57,18 @@ def test_quick_yolo_table(tmp_path: Path) -> None:
     assert "selective: true" in config and "schedule: target" in config
 
 
+def test_quick_yolo_latency_table(tmp_path: Path) -> None:
+    [path] = runner.main(["yolo_latency", "--quick", "--out", str(tmp_path)])
+    assert path == tmp_path / "yolo_latency_quick.md" and "BatchNorm fused" in path.read_text()
+    rows = list(csv.DictReader(open(tmp_path / "yolo_latency_quick.csv")))
+    assert len(rows) == len(_table(path)) - 1 == 1
+    r = rows[0]
+    assert float(r["gflops_ratio"]) == pytest.approx(0.5, abs=0.05)  # the pruned copy, counted as ultralytics does
+    assert float(r["speedup"]) == pytest.approx(float(r["latency_ms_baseline"]) / float(r["latency_ms_model"]))
+    ratio = float(r["gflops640_baseline"]) / float(r["gflops640_model"])
+    assert float(r["speedup_per_gflops_ratio"]) == pytest.approx(float(r["speedup"]) / ratio)
+
+
 def test_readme_tables_match_the_generated_files() -> None:
     from experiments import readme
 

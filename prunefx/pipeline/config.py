@@ -138,8 +138,8 @@ class SparsitySpec(TrainSpec):
 
     s: float = 1e-3
     # baseline: continue from the trained baseline; scratch: train from the same initialisation as the baseline
-    # with the penalty on from the first step (network slimming's recipe; on a short budget the only one that
-    # drives gammas to zero, because a trained baseline's gammas sit near 1 and few steps cannot move them apart)
+    # with the penalty on from the first step (network slimming's recipe; a short-trained baseline's gammas sit
+    # near 1, and a few appended epochs of plain L1 shrink them all alike instead of separating them)
     start: str = "baseline"
     schedule: str = "constant"  # constant | target (prunefx.train.TargetSparsity)
     target: float = 0.5  # schedule=target: fraction of gammas driven below threshold

@@ -387,7 +387,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
     aggs = aggregate(rows)
     datasets = list(dict.fromkeys(a["dataset"] for a in aggs))
-    fig, axes = plt.subplots(1, len(datasets), figsize=(6 * len(datasets), 4.5), squeeze=False)
+    fig, axes = plt.subplots(1, len(datasets), figsize=(6 * len(datasets), 6), squeeze=False)
     for ax, ds in zip(axes[0], datasets):
         mine = [a for a in aggs if a["dataset"] == ds]
         base = next(a for a in mine if a["method"] == "baseline")
@@ -405,8 +405,9 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         ax.set(title=f"{ds}: top-1 after the full fine-tune", xlabel="MACs kept (fraction of baseline)",
                ylabel="top-1 (%)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
+    handles, labels = axes[0][0].get_legend_handles_labels()  # one legend under the plots: none hides a point
+    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8)
+    fig.tight_layout(rect=(0, 0.2, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

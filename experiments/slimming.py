@@ -201,33 +201,29 @@ def run_dataset(name: str, grid: Grid, log: Callable[[str], None],
                     row("sparse", label, 1.0, seed, sparse, t0, top1_full=top1(sparse, data))
             gammas = [m.weight for m in sparse.modules() if isinstance(m, nn.BatchNorm2d)]
             below = fraction_below(gammas, 1e-2)
-            methods = [("bn_scale", grid.targets if label in MAINS else grid.sweep_targets)]
-            if label in MAINS:
-                methods += [("tp_bn_scale", grid.targets), ("random", grid.control_targets),
-                            ("l1", grid.control_targets)]
-            for method, targets in methods:
-                for k in targets:
-                    # the scratch control re-initialises bn_scale's pruned architecture, so it rides on that row
-                    wanted = ({(method, label, k)} | ({("scratch", label, k)} if method == "bn_scale" else set())) \
-                        & set(todo[label])
-                    if not wanted:  # measured already (or Torch-Pruning not installed: planned() omits it)
-                        continue
+            for method, _, k in planned(grid, label, s):  # the rows this setting makes, in their order
+                if method in ("sparse", "scratch"):
+                    continue  # sparse: made above; scratch re-initialises bn_scale's pruned architecture below
+                keys = [(method, label, k)] + ([("scratch", label, k)] if method == "bn_scale" else [])
+                wanted = [key for key in keys if key in todo[label]]
+                if not wanted:  # measured already
+                    continue
+                t0 = time.perf_counter()
+                if method == "tp_bn_scale":
+                    pruned = tp_bn_scale(sparse, x1, 1 / k)
+                else:
+                    pruned = copy.deepcopy(sparse)
+                    prunefx.prune(pruned, x, prunefx.PlanConfig(flops=1 / k), criterion=method, seed=seed)
+                after = top1(pruned, data)
+                arch = copy.deepcopy(pruned)
+                if (method, label, k) in wanted:
+                    short, full = finetune(pruned, seed)
+                    row(method, label, k, seed, pruned, t0, top1_pruned=after, top1_short=short,
+                        top1_full=full, **{"gammas_below_0.01": below})
+                if ("scratch", label, k) in wanted:
                     t0 = time.perf_counter()
-                    if method == "tp_bn_scale":
-                        pruned = tp_bn_scale(sparse, x1, 1 / k)
-                    else:
-                        pruned = copy.deepcopy(sparse)
-                        prunefx.prune(pruned, x, prunefx.PlanConfig(flops=1 / k), criterion=method, seed=seed)
-                    after = top1(pruned, data)
-                    arch = copy.deepcopy(pruned)
-                    if (method, label, k) in wanted:
-                        short, full = finetune(pruned, seed)
-                        row(method, label, k, seed, pruned, t0, top1_pruned=after, top1_short=short,
-                            top1_full=full, **{"gammas_below_0.01": below})
-                    if ("scratch", label, k) in wanted and method == "bn_scale":
-                        t0 = time.perf_counter()
-                        scratch = train(reinit(arch, seed), data, grid.scratch_epochs, BASE_LR, seed)
-                        row("scratch", label, k, seed, scratch, t0, top1_full=top1(scratch, data))
+                    scratch = train(reinit(arch, seed), data, grid.scratch_epochs, BASE_LR, seed)
+                    row("scratch", label, k, seed, scratch, t0, top1_full=top1(scratch, data))
         for k in grid.scratch_targets:
             if ("uniform", "-", k) in have:
                 continue

@@ -7,8 +7,8 @@ import typer
 from rich.console import Console
 
 import prunefx
-from prunefx.models import FORMS, SIZES, load_spec
-from prunefx.fileio import atomic_write
+from prunefx._io import atomic_write
+from prunefx.spec import FORMS, SIZES, load_spec
 
 
 def analyze(

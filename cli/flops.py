@@ -9,11 +9,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from prunefx.metrics import CONVENTIONS, measure, ultralytics_gflops
+from prunefx._io import atomic_write
+from prunefx.integrations.ultralytics.gflops import ultralytics_gflops
+from prunefx.metrics import CONVENTIONS, measure
 from prunefx.metrics import latency as measure_latency
 from prunefx.metrics.latency import CONVENTION as LATENCY_CONVENTION
-from prunefx.models import FORMS, SIZES, load_spec
-from prunefx.fileio import atomic_write
+from prunefx.spec import FORMS, SIZES, load_spec
 
 ULTRALYTICS_CONVENTION = (
     "2 x GMACs of one 1 x C x imgsz x imgsz image counted by ultralytics-thop on the unfused model, "

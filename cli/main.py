@@ -9,16 +9,16 @@ from rich.text import Text
 from typer.core import TyperCommand
 
 from prunefx.errors import PrunefxError
-from prunefx.integrations.ultralytics_env import setup_offline
+from prunefx.integrations.ultralytics.env import setup_offline
 
 # Before any command imports ultralytics: it fixes its online flag and config dir at import time.
 setup_offline()
 
-from .analyze import analyze
-from .data import shapes
-from .flops import flops
-from .prune import prune
-from .report import report
+from prunefx.cli.analyze import analyze
+from prunefx.cli.data import shapes
+from prunefx.cli.flops import flops
+from prunefx.cli.prune import prune
+from prunefx.cli.report import report
 
 
 class _Command(TyperCommand):

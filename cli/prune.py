@@ -10,13 +10,14 @@ import typer
 from rich.console import Console
 
 import prunefx
+from prunefx._io import atomic_write
 from prunefx.errors import PrunefxError
-from prunefx.fileio import atomic_write
+from prunefx.integrations.ultralytics.gflops import ultralytics_gflops
 from prunefx.metrics import latency as measure_latency
-from prunefx.metrics import measure, ultralytics_gflops
-from prunefx.models import FORMS, SIZES, load_spec
+from prunefx.metrics import measure
 from prunefx.pipeline import is_config, run_config
 from prunefx.report import Stage, build_report, load_report, render_table, write_report
+from prunefx.spec import FORMS, SIZES, load_spec
 
 
 class Scope(str, Enum):
@@ -28,17 +29,30 @@ class Scope(str, Enum):
 
 def prune(
     ctx: typer.Context,
-    spec: Annotated[str, typer.Argument(metavar="CONFIG|SPEC", help=f"A pipeline config (configs/yolo.yaml) or a model: {FORMS}.")],
-    overrides: Annotated[list[str] | None, typer.Argument(metavar="[KEY=VALUE]...", help="Config overrides, e.g. epochs=3 prune.target.flops=0.4.", show_default=False)] = None,
+    spec: Annotated[
+        str, typer.Argument(metavar="CONFIG|SPEC", help=f"A pipeline config (configs/yolo.yaml) or a model: {FORMS}.")
+    ],
+    overrides: Annotated[
+        list[str] | None,
+        typer.Argument(
+            metavar="[KEY=VALUE]...", help="Config overrides, e.g. epochs=3 prune.target.flops=0.4.", show_default=False
+        ),
+    ] = None,
     flops: Annotated[float | None, typer.Option(help="Keep this fraction of the MACs/FLOPs, in (0, 1].")] = None,
-    ratio: Annotated[float | None, typer.Option(help="Remove this fraction of the prunable channels, in [0, 1).")] = None,
+    ratio: Annotated[
+        float | None, typer.Option(help="Remove this fraction of the prunable channels, in [0, 1).")
+    ] = None,
     params: Annotated[float | None, typer.Option(help="Keep this fraction of the parameters, in (0, 1].")] = None,
     criterion: Annotated[str, typer.Option(help="Channel importance: bn_scale, l1, l2, taylor, random.")] = "bn_scale",
     scope: Annotated[Scope, typer.Option(help="global threshold or per-layer (local) ratio.")] = Scope.global_,
     round_to: Annotated[int, typer.Option(min=1, help="Round kept widths up to a multiple of this.")] = 1,
-    ignore: Annotated[list[str] | None, typer.Option(help="fnmatch pattern of modules to leave alone (repeatable).")] = None,
+    ignore: Annotated[
+        list[str] | None, typer.Option(help="fnmatch pattern of modules to leave alone (repeatable).")
+    ] = None,
     imgsz: Annotated[int | None, typer.Option(help=f"Input image size (default: {SIZES}).")] = None,
-    out: Annotated[Path | None, typer.Option(help="Run directory (default: runs/prune/<model>).", file_okay=False)] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Run directory (default: runs/prune/<model>).", file_okay=False)
+    ] = None,
     exist_ok: Annotated[bool, typer.Option(help="Replace an existing run directory.")] = False,
     latency: Annotated[bool, typer.Option(help="Also measure CPU latency before and after.")] = True,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="On error, also print the traceback.")] = False,
@@ -50,23 +64,31 @@ def prune(
     """
     if is_config(spec):
         # An option whose value differs from its default was given: it has no meaning for a config.
-        given = [p.name for p in ctx.command.params if p.name not in ("spec", "overrides", "verbose")
-                 and _plain(ctx.params.get(p.name)) != _plain(p.default)]
+        given = [
+            p.name
+            for p in ctx.command.params
+            if p.name not in ("spec", "overrides", "verbose") and _plain(ctx.params.get(p.name)) != _plain(p.default)
+        ]
         if given:
-            raise PrunefxError(f"--{given[0].replace('_', '-')} applies to a model SPEC; with a config write it as "
-                               "key=value (e.g. prune.target.flops=0.5 prune.round_to=8)")
+            raise PrunefxError(
+                f"--{given[0].replace('_', '-')} applies to a model SPEC; with a config write it as "
+                "key=value (e.g. prune.target.flops=0.5 prune.round_to=8)"
+            )
         console = Console()
         run = run_config(spec, overrides or (), log=console.print)
         console.print(render_table(load_report(run.root)))
         console.print(f"[green]report: {run.root / 'report.md'}[/green] (weights: {run.root / 'weights'})")
         return
     if overrides:
-        raise PrunefxError(f"{spec} is not a pipeline config, so key=value overrides ({overrides[0]}) do not apply; "
-                           "give a config yaml (configs/yolo.yaml) or use the options (--flops 0.5)")
+        raise PrunefxError(
+            f"{spec} is not a pipeline config, so key=value overrides ({overrides[0]}) do not apply; "
+            "give a config yaml (configs/yolo.yaml) or use the options (--flops 0.5)"
+        )
     if flops is None and ratio is None and params is None:
         flops = 0.5  # the common ask: half the compute
-    config = prunefx.PlanConfig(ratio=ratio, flops=flops, params=params, scope=scope.value, round_to=round_to,
-                                ignore=tuple(ignore or ()))
+    config = prunefx.PlanConfig(
+        ratio=ratio, flops=flops, params=params, scope=scope.value, round_to=round_to, ignore=tuple(ignore or ())
+    )
     loaded = load_spec(spec, imgsz=imgsz)
     run_dir = out or Path("runs/prune") / loaded.name.replace(":", "_").replace("/", "_")
     if run_dir.exists() and any(run_dir.iterdir()) and not exist_ok:
@@ -86,9 +108,19 @@ def prune(
     with console.status("measuring the pruned model"):
         pruned = stage()
     widths = [(result.graph.groups[g.group].label, g.before, g.after) for g in result.plan.groups]
-    report = build_report(model=loaded.name, baseline=baseline, pruned=pruned, widths=widths,
-                          settings={"spec": spec, "criterion": criterion, "target": result.plan.target,
-                                    "verify": result.verified.message, "input_shapes": [list(s) for s in result.plan.input_shapes]})
+    report = build_report(
+        model=loaded.name,
+        baseline=baseline,
+        pruned=pruned,
+        widths=widths,
+        settings={
+            "spec": spec,
+            "criterion": criterion,
+            "target": result.plan.target,
+            "verify": result.verified.message,
+            "input_shapes": [list(s) for s in result.plan.input_shapes],
+        },
+    )
 
     # Build the run in a sibling temp dir and move it into place: a half-written run never looks finished.
     run_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -96,7 +128,7 @@ def prune(
     try:
         atomic_write(tmp / "plan.json", result.plan.to_json().encode())
         if is_yolo:
-            from prunefx.integrations.ultralytics_io import save_yolo
+            from prunefx.integrations.ultralytics.io import save_yolo
 
             save_yolo(model, tmp / "pruned.pt", plan=result.plan)
         else:

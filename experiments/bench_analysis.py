@@ -61,7 +61,7 @@ def _build(name: str, device: str):
 
     if device == "cpu":
         return torchvision.models.get_model(name, weights=None).eval()
-    from prunefx.models import meta_torchvision
+    from prunefx.spec import meta_torchvision
 
     return meta_torchvision(name).eval()
 

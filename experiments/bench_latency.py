@@ -78,17 +78,24 @@ def write(rows: list[dict], args: argparse.Namespace, stem: str, command: str) -
         w.writeheader()
         w.writerows(rows)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    lines = [f"# CPU latency vs MACs: {', '.join(args.models)}", "",
-             f"Command: `{command}`. {platform.machine()} CPU, {os.cpu_count()} cores, {args.threads} torch threads, "
-             f"{args.size}x{args.size}, warm-up 2, {args.repeats} repeats, median [p10, p90]; torch {torch.__version__}; "
-             f"1-min load average at the end {load:.1f} ({args.threads:.1f} = this benchmark alone).", "",
-             "| model | MACs target | round_to | batch | variant | GMACs | MACs ratio | median ms [p10, p90] | speedup "
-             "| speedup / MACs ratio |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# CPU latency vs MACs: {', '.join(args.models)}",
+        "",
+        f"Command: `{command}`. {platform.machine()} CPU, {os.cpu_count()} cores, {args.threads} torch threads, "
+        f"{args.size}x{args.size}, warm-up 2, {args.repeats} repeats, median [p10, p90]; torch {torch.__version__}; "
+        f"1-min load average at the end {load:.1f} ({args.threads:.1f} = this benchmark alone).",
+        "",
+        "| model | MACs target | round_to | batch | variant | GMACs | MACs ratio | median ms [p10, p90] | speedup "
+        "| speedup / MACs ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         target = "original" if r["target"] == 1.0 else f"{r['target']:g}"
-        lines.append(f"| {r['model']} | {target} | {r['round_to']} | {r['batch']} | {r['variant']} | {r['gmacs']:.3f} | "
-                     f"{r['macs_ratio']:.2f}x | {r['median_ms']:.1f} [{r['p10_ms']:.1f}, {r['p90_ms']:.1f}] | "
-                     f"{r['speedup']:.2f}x | {r['speedup_per_macs_ratio']:.2f} |")
+        lines.append(
+            f"| {r['model']} | {target} | {r['round_to']} | {r['batch']} | {r['variant']} | {r['gmacs']:.3f} | "
+            f"{r['macs_ratio']:.2f}x | {r['median_ms']:.1f} [{r['p10_ms']:.1f}, {r['p90_ms']:.1f}] | "
+            f"{r['speedup']:.2f}x | {r['speedup_per_macs_ratio']:.2f} |"
+        )
     path = args.out / f"{stem}.md"
     path.write_text("\n".join(lines) + "\n")
     return path

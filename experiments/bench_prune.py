@@ -136,7 +136,10 @@ def tp_importance_name(model: nn.Module) -> str:
 def run_tp(tp: ModuleType, model: nn.Module, x: torch.Tensor) -> tuple[dict[str, float], dict[str, Any]]:
     """Prune ``model`` in place with Torch-Pruning's MetaPruner; stage times."""
     name = tp_importance_name(model)
-    importance = tp.importance.BNScaleImportance() if name == "BNScaleImportance" else tp.importance.GroupMagnitudeImportance(p=2)
+    if name == "BNScaleImportance":
+        importance = tp.importance.BNScaleImportance()
+    else:
+        importance = tp.importance.GroupMagnitudeImportance(p=2)
     vit = isinstance(model, torchvision.models.VisionTransformer)
     # Torch-Pruning's torchvision example rounds ViT widths to the head count so attention still splits evenly.
     round_to = model.encoder.layers[0].num_heads if vit else None
@@ -185,7 +188,9 @@ def _median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def bench_model(name: str, repeats: int, timeout: float, tp: ModuleType | None, log: Callable[[str], None]) -> dict[str, Any]:
+def bench_model(
+    name: str, repeats: int, timeout: float, tp: ModuleType | None, log: Callable[[str], None]
+) -> dict[str, Any]:
     """Time both tools on ``name`` and return one result row."""
     base, x = build(name)
     row: dict[str, Any] = {"model": name, "input": "x".join(map(str, x.shape))}
@@ -201,7 +206,7 @@ def bench_model(name: str, repeats: int, timeout: float, tp: ModuleType | None, 
     pruned: dict[str, nn.Module] = {}
     errors = []
     for r in range(repeats):
-        for key in (list(tools) if r % 2 == 0 else list(tools)[::-1]):
+        for key in list(tools) if r % 2 == 0 else list(tools)[::-1]:
             if status[key] != "ok":
                 continue
             fn, _ = tools[key]
@@ -351,7 +356,11 @@ def summary(rows: list[dict[str, Any]]) -> list[str]:
             lines.append(f"{label} on {len(ratios)} models: geometric mean {gm:.2f}x, "
                          f"range {min(ratios):.2f}x - {max(ratios):.2f}x")  # fmt: skip
     for tool, label in (("pfx", "prunefx"), ("tp", "Torch-Pruning")):
-        bad = [f"{r['model']} ({r[f'{tool}_status']})" for r in rows if r.get(f"{tool}_status") not in ("ok", "not installed")]
+        bad = [
+            f"{r['model']} ({r[f'{tool}_status']})"
+            for r in rows
+            if r.get(f"{tool}_status") not in ("ok", "not installed")
+        ]
         broken = [f"{r['model']} ({r[f'{tool}_forward']})" for r in rows if r.get(f"{tool}_forward", "ok") != "ok"]
         if bad:
             lines.append(f"{label} failed on: " + ", ".join(bad))
@@ -414,7 +423,9 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--quick", action="store_true", help=f"smoke test: {', '.join(QUICK_MODELS)}, 1 repeat")
     ap.add_argument("--models", help=f"comma-separated torchvision model names (default: {','.join(DEFAULT_MODELS)})")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per model and tool; the median is reported")
@@ -434,7 +445,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in models:
         row = bench_model(name, repeats, args.timeout, tp, log=lambda s: print(s, file=sys.stderr))
         rows.append(row)
-        print(f"{name:18s} prunefx s+p+a {_s(row, 'pfx_spa_s', 'pfx')}  TP step {_s(row, 'tp_step_s', 'tp')}", flush=True)
+        print(
+            f"{name:18s} prunefx s+p+a {_s(row, 'pfx_spa_s', 'pfx')}  TP step {_s(row, 'tp_step_s', 'tp')}", flush=True
+        )
     info["load average at end (1/5/15 min)"] = " ".join(f"{v:.1f}" for v in os.getloadavg())
     info["wall time"] = f"{time.perf_counter() - t0:.0f} s"
     args.out.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,7 @@
 """Network slimming (bn_scale) through the classification pipeline at 2x and 4x fewer MACs, digits and synthetic.
 
-    python -m experiments.classify_slimming [--quick] [--out experiments/results] [--runs runs/experiments] [--seeds 0 1 2] [--render]
+    python -m experiments.classify_slimming [--quick] [--out experiments/results] [--runs runs/experiments]
+        [--seeds 0 1 2] [--render]
 
 Per dataset and training seed: one pipeline run trains the baseline, trains it with the BN-sparsity penalty, prunes
 to 1/2 of the MACs and fine-tunes; a second run starts from that run's sparsity-trained weights
@@ -30,28 +31,51 @@ from prunefx.report import load_report
 # The recipes measured. Everything a run does is in its config.yaml under --runs.
 RECIPES: dict[str, dict[str, Any]] = {
     "digits": {
-        "model": "prunefx.models_zoo:bn_cnn",
+        "model": "prunefx.zoo:bn_cnn",
         "dataset": {"name": "digits", "image_size": 8},
-        "epochs": 12, "batch": 64, "lr": 0.1, "weight_decay": 5.0e-4, "augment": ["crop"], "crop_pad": 1,
+        "epochs": 12,
+        "batch": 64,
+        "lr": 0.1,
+        "weight_decay": 5.0e-4,
+        "augment": ["crop"],
+        "crop_pad": 1,
         "sparsity": {"epochs": 6, "s": 2.0e-2, "schedule": "constant", "lr": 0.05},
         "finetune": {"epochs": 5, "lr": 0.02},
     },
     "synthetic": {
-        "model": "prunefx.models_zoo:bn_cnn_synthetic",
+        "model": "prunefx.zoo:bn_cnn_synthetic",
         "dataset": {"name": "synthetic", "n_train": 4000, "n_val": 500, "n_test": 2000},
-        "epochs": 10, "batch": 128, "lr": 0.1, "weight_decay": 5.0e-4, "augment": ["crop"], "crop_pad": 2,
+        "epochs": 10,
+        "batch": 128,
+        "lr": 0.1,
+        "weight_decay": 5.0e-4,
+        "augment": ["crop"],
+        "crop_pad": 2,
         "warmup_epochs": 0.5,
         "sparsity": {"epochs": 5, "s": 1.0e-2, "schedule": "constant", "lr": 0.05},
         "finetune": {"epochs": 4, "lr": 0.02},
     },
 }
 TARGETS = {"2x": 0.5, "4x": 0.25}
-FIELDS = ["dataset", "seed", "target", "macs_kept", "params_kept", "baseline_top1", "sparse_top1", "pruned_top1",
-          "finetuned_top1", "finetuned_minus_baseline", "verify", "seconds"]
+FIELDS = [
+    "dataset",
+    "seed",
+    "target",
+    "macs_kept",
+    "params_kept",
+    "baseline_top1",
+    "sparse_top1",
+    "pruned_top1",
+    "finetuned_top1",
+    "finetuned_minus_baseline",
+    "verify",
+    "seconds",
+]
 
 
-def _config(dataset: str, seed: int, target: str, runs: Path, threads: int, quick: bool,
-            checkpoint: Path | None = None) -> dict[str, Any]:
+def _config(
+    dataset: str, seed: int, target: str, runs: Path, threads: int, quick: bool, checkpoint: Path | None = None
+) -> dict[str, Any]:
     r = copy.deepcopy(RECIPES[dataset])
     if quick:
         r["epochs"], r["sparsity"]["epochs"], r["finetune"]["epochs"] = 2, 1, 1
@@ -60,10 +84,23 @@ def _config(dataset: str, seed: int, target: str, runs: Path, threads: int, quic
     sparsity, finetune = r.pop("sparsity"), r.pop("finetune")
     if checkpoint is not None:
         sparsity = {"epochs": 0}
-    return {**r, "task": "classify", "seed": seed, "threads": threads, "checkpoint": str(checkpoint) if checkpoint else None,
-            "project": str(runs), "name": f"{dataset}-seed{seed}-{target}", "exist_ok": True,
-            "prune": {"criterion": "bn_scale", "target": {"flops": TARGETS[target]}, "latency": False,
-                      "sparsity": sparsity, "finetune": finetune}}
+    return {
+        **r,
+        "task": "classify",
+        "seed": seed,
+        "threads": threads,
+        "checkpoint": str(checkpoint) if checkpoint else None,
+        "project": str(runs),
+        "name": f"{dataset}-seed{seed}-{target}",
+        "exist_ok": True,
+        "prune": {
+            "criterion": "bn_scale",
+            "target": {"flops": TARGETS[target]},
+            "latency": False,
+            "sparsity": sparsity,
+            "finetune": finetune,
+        },
+    }
 
 
 def _run(config: dict[str, Any]) -> tuple[Path, float]:
@@ -86,26 +123,39 @@ def _run(config: dict[str, Any]) -> tuple[Path, float]:
 
 def main(argv: list[str] | None = None) -> Path:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="1 seed, 1-2 epochs per stage, small synthetic set (smoke test)")
-    ap.add_argument("--out", type=Path, default=Path("experiments/results"),
-                    help="where classify_slimming.{md,csv} go (--quick: classify_slimming_quick.{md,csv})")
-    ap.add_argument("--runs", type=Path, default=None, help="run directories (default runs/experiments/classify_slimming"
-                                                             "[_quick])")
+    ap.add_argument(
+        "--quick", action="store_true", help="1 seed, 1-2 epochs per stage, small synthetic set (smoke test)"
+    )
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=Path("experiments/results"),
+        help="where classify_slimming.{md,csv} go (--quick: classify_slimming_quick.{md,csv})",
+    )
+    ap.add_argument(
+        "--runs", type=Path, default=None, help="run directories (default runs/experiments/classify_slimming[_quick])"
+    )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seeds", type=int, nargs="+", default=None, help="training seeds (default 0 1 2; --quick: 0)")
     ap.add_argument("--render", action="store_true", help="only re-render the table from the existing CSV in --out")
     ap.add_argument("--datasets", nargs="+", default=["synthetic", "digits"], choices=list(RECIPES))
     args = ap.parse_args(argv)
-    args.runs = args.runs or Path("runs/experiments") / ("classify_slimming_quick" if args.quick else "classify_slimming")
+    args.runs = args.runs or Path("runs/experiments") / (
+        "classify_slimming_quick" if args.quick else "classify_slimming"
+    )
     seeds = tuple(args.seeds) if args.seeds else (0,) if args.quick else (0, 1, 2)
     if args.render:
         with open(args.out / f"{_stem(args)}.csv") as f:
-            rows = [{k: (v if k in ("dataset", "target", "verify") else float(v)) for k, v in r.items()}
-                    for r in csv.DictReader(f)]
+            rows = [
+                {k: (v if k in ("dataset", "target", "verify") else float(v)) for k, v in r.items()}
+                for r in csv.DictReader(f)
+            ]
         for r in rows:
             r["seed"] = int(r["seed"])
         path = args.out / f"{_stem(args)}.md"
-        path.write_text(_markdown(rows, args, seeds, sum(r["seconds"] for r in rows), (float("nan"),) * 3, os.getloadavg()))
+        path.write_text(
+            _markdown(rows, args, seeds, sum(r["seconds"] for r in rows), (float("nan"),) * 3, os.getloadavg())
+        )
         return path
     torch.set_num_threads(args.threads)
     load_before = os.getloadavg()
@@ -116,22 +166,32 @@ def main(argv: list[str] | None = None) -> Path:
             print(f"{dataset} seed {seed}: 2x (baseline, sparsity, prune, fine-tune)", flush=True)
             root2, s2 = _run(_config(dataset, seed, "2x", args.runs, args.threads, args.quick))
             print(f"{dataset} seed {seed}: 4x (from the 2x run's sparse weights)", flush=True)
-            root4, s4 = _run(_config(dataset, seed, "4x", args.runs, args.threads, args.quick,
-                                     checkpoint=root2 / "weights" / "sparse.pt"))
+            root4, s4 = _run(
+                _config(
+                    dataset, seed, "4x", args.runs, args.threads, args.quick, checkpoint=root2 / "weights" / "sparse.pt"
+                )
+            )
             base = load_report(root2)["stages"]["baseline"]
             for target, root, seconds in (("2x", root2, s2), ("4x", root4, s4)):
                 rep = load_report(root)
                 st = rep["stages"]
                 state = json.loads((root2 / "state.json").read_text())
-                rows.append({"dataset": dataset, "seed": seed, "target": target,
-                             "macs_kept": st["pruned"]["macs"] / base["macs"],
-                             "params_kept": st["pruned"]["params"] / base["params"],
-                             "baseline_top1": base["metrics"]["top1"],
-                             "sparse_top1": state["stages"]["sparsity"]["metrics"]["top1"],
-                             "pruned_top1": st["pruned"]["metrics"]["top1"],
-                             "finetuned_top1": st["finetuned"]["metrics"]["top1"],
-                             "finetuned_minus_baseline": st["finetuned"]["metrics"]["top1"] - base["metrics"]["top1"],
-                             "verify": rep["settings"]["verify"], "seconds": round(seconds, 1)})
+                rows.append(
+                    {
+                        "dataset": dataset,
+                        "seed": seed,
+                        "target": target,
+                        "macs_kept": st["pruned"]["macs"] / base["macs"],
+                        "params_kept": st["pruned"]["params"] / base["params"],
+                        "baseline_top1": base["metrics"]["top1"],
+                        "sparse_top1": state["stages"]["sparsity"]["metrics"]["top1"],
+                        "pruned_top1": st["pruned"]["metrics"]["top1"],
+                        "finetuned_top1": st["finetuned"]["metrics"]["top1"],
+                        "finetuned_minus_baseline": st["finetuned"]["metrics"]["top1"] - base["metrics"]["top1"],
+                        "verify": rep["settings"]["verify"],
+                        "seconds": round(seconds, 1),
+                    }
+                )
                 print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in rows[-1].items()}, flush=True)
             # Written after every seed: an interrupted sweep still leaves the rows it measured (the table says which).
             path = _write(rows, args, seeds, time.perf_counter() - started, load_before)
@@ -139,8 +199,13 @@ def main(argv: list[str] | None = None) -> Path:
     return path
 
 
-def _write(rows: list[dict[str, Any]], args: argparse.Namespace, seeds: tuple[int, ...], total: float,
-           load_before: tuple[float, ...]) -> Path:
+def _write(
+    rows: list[dict[str, Any]],
+    args: argparse.Namespace,
+    seeds: tuple[int, ...],
+    total: float,
+    load_before: tuple[float, ...],
+) -> Path:
     args.out.mkdir(parents=True, exist_ok=True)
     with open(args.out / f"{_stem(args)}.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=FIELDS)
@@ -155,35 +220,54 @@ def _stem(args: argparse.Namespace) -> str:
     return "classify_slimming_quick" if args.quick else "classify_slimming"
 
 
-def _markdown(rows: list[dict[str, Any]], args: argparse.Namespace, seeds: tuple[int, ...], total: float,
-              load_before: tuple[float, ...], load_after: tuple[float, ...]) -> str:
+def _markdown(
+    rows: list[dict[str, Any]],
+    args: argparse.Namespace,
+    seeds: tuple[int, ...],
+    total: float,
+    load_before: tuple[float, ...],
+    load_after: tuple[float, ...],
+) -> str:
     def stat(sel: list[dict[str, Any]], key: str) -> str:
         v = [r[key] for r in sel]
         mean = statistics.fmean(v)
         spread = f" ± {statistics.stdev(v):.2%}" if len(v) > 1 else ""
         return f"{mean:.2%}{spread}"
 
-    command = "python -m experiments.classify_slimming" + (" --quick" if args.quick else "") + (
-        f" --seeds {' '.join(map(str, seeds))}" if args.seeds else "")
+    command = (
+        "python -m experiments.classify_slimming"
+        + (" --quick" if args.quick else "")
+        + (f" --seeds {' '.join(map(str, seeds))}" if args.seeds else "")
+    )
     lines = [
-        "# Network slimming through the classification pipeline: 2x and 4x fewer MACs (bn_scale)", "",
+        "# Network slimming through the classification pipeline: 2x and 4x fewer MACs (bn_scale)",
+        "",
         f"Command: `{command}` ({total / 60:.1f} min). Machine: {platform.machine()}, {os.cpu_count()} cores shared "
-        + (f"with other jobs (load average {load_before[0]:.1f} at the start, {load_after[0]:.1f} at the end), "
-           if load_before[0] == load_before[0] else "with other jobs, ")
+        + (
+            f"with other jobs (load average {load_before[0]:.1f} at the start, {load_after[0]:.1f} at the end), "
+            if load_before[0] == load_before[0]
+            else "with other jobs, "
+        )
         + f"{args.threads} torch threads, one process, torch {torch.__version__}, Python {sys.version.split()[0]}. "
         f"Training seeds {sorted({r['seed'] for r in rows})} of {list(seeds)} done"
-        + ("" if args.quick or set(seeds) >= {0, 1, 2} else " (not the full sweep of seeds 0 1 2, which the plain command "
-           "runs, reusing finished run directories; a synthetic seed takes ~15 min on this shared machine)")
+        + (
+            ""
+            if args.quick or set(seeds) >= {0, 1, 2}
+            else " (not the full sweep of seeds 0 1 2, which the plain command "
+            "runs, reusing finished run directories; a synthetic seed takes ~15 min on this shared machine)"
+        )
         + f" (data split and synthetic images fixed: dataset seed 0); mean ± standard "
         "deviation over the seeds. Top-1 on the held-out test split (digits: 270 images; synthetic: "
-        f"{RECIPES['synthetic']['dataset']['n_test'] if not args.quick else 256} images).", "",
+        f"{RECIPES['synthetic']['dataset']['n_test'] if not args.quick else 256} images).",
+        "",
         "Per seed: baseline training -> BN-sparsity training (L1 on BatchNorm gammas) -> prune to the MACs target "
         "(global bn_scale ranking, bias compensation on, verified against the masked original) -> fine-tune. The "
         "4x run prunes the 2x run's sparsity-trained weights. MACs and params are the report's own counts, relative "
         "to the baseline. 'after sparsity' is the unpruned model pruning starts from (it has trained longer than the "
-        "baseline); the last column compares the fine-tuned pruned model with it.", "",
-        "| dataset | target | MACs kept | params kept | baseline | after sparsity | right after pruning | after fine-tuning | "
-        "fine-tuned - baseline | fine-tuned - after sparsity |",
+        "baseline); the last column compares the fine-tuned pruned model with it.",
+        "",
+        "| dataset | target | MACs kept | params kept | baseline | after sparsity | right after pruning | "
+        "after fine-tuning | fine-tuned - baseline | fine-tuned - after sparsity |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for dataset in dict.fromkeys(r["dataset"] for r in rows):
@@ -192,16 +276,21 @@ def _markdown(rows: list[dict[str, Any]], args: argparse.Namespace, seeds: tuple
             if not sel:
                 continue
             delta = [r["finetuned_minus_baseline"] for r in sel]
-            lines.append(f"| {dataset} | {target} | {statistics.fmean(r['macs_kept'] for r in sel):.3f} | "
-                         f"{statistics.fmean(r['params_kept'] for r in sel):.3f} | {stat(sel, 'baseline_top1')} | "
-                         f"{stat(sel, 'sparse_top1')} | {stat(sel, 'pruned_top1')} | {stat(sel, 'finetuned_top1')} | "
-                         f"{statistics.fmean(delta) * 100:+.2f} points | "
-                         f"{statistics.fmean(r['finetuned_top1'] - r['sparse_top1'] for r in sel) * 100:+.2f} points |")
+            lines.append(
+                f"| {dataset} | {target} | {statistics.fmean(r['macs_kept'] for r in sel):.3f} | "
+                f"{statistics.fmean(r['params_kept'] for r in sel):.3f} | {stat(sel, 'baseline_top1')} | "
+                f"{stat(sel, 'sparse_top1')} | {stat(sel, 'pruned_top1')} | {stat(sel, 'finetuned_top1')} | "
+                f"{statistics.fmean(delta) * 100:+.2f} points | "
+                f"{statistics.fmean(r['finetuned_top1'] - r['sparse_top1'] for r in sel) * 100:+.2f} points |"
+            )
     lines += ["", "Recipes (top-level training keys; `sparsity`/`finetune` override them for those stages):", ""]
     for dataset in dict.fromkeys(r["dataset"] for r in rows):
         lines.append(f"- {dataset}: `{RECIPES[dataset]}`")
-    lines += ["", f"Per-run rows: `{_stem(args)}.csv` next to this file; every run's config.yaml, state.json "
-              f"(per-epoch history) and report under `{args.runs}`."]
+    lines += [
+        "",
+        f"Per-run rows: `{_stem(args)}.csv` next to this file; every run's config.yaml, state.json "
+        f"(per-epoch history) and report under `{args.runs}`.",
+    ]
     return "\n".join(lines) + "\n"
 
 

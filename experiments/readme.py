@@ -26,11 +26,15 @@ def excerpt(name: str) -> str:
     text = path.read_text()
     if "\n## Summary" in text:  # long per-model tables: the summary, the file for the rest
         summary = text.split("\n## Summary", 1)[1].split("\n## ", 1)[0].strip("\n")
-        return f"From [`experiments/results/{name}.md`](experiments/results/{name}.md) (per-model rows there):\n\n{summary}\n"
+        source = f"experiments/results/{name}.md"
+        return f"From [`{source}`]({source}) (per-model rows there):\n\n{summary}\n"
     lines = text.splitlines()
     about = [line for line in lines[1:] if line.startswith(("Command", "Machine", "mAP", "Setup"))]
     table = [line for line in lines[1:] if line.startswith("|")]
-    return "\n".join([*about, "", *table]) + f"\n\nSource: [`experiments/results/{name}.md`](experiments/results/{name}.md).\n"
+    return (
+        "\n".join([*about, "", *table])
+        + f"\n\nSource: [`experiments/results/{name}.md`](experiments/results/{name}.md).\n"
+    )
 
 
 def render(readme: str) -> str:

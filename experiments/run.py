@@ -26,12 +26,19 @@ class Experiment:
 
 
 EXPERIMENTS = {
-    "analysis_speed": Experiment("experiments.bench_analysis", "analysis time over the torchvision zoo vs Torch-Pruning"),
+    "analysis_speed": Experiment(
+        "experiments.bench_analysis", "analysis time over the torchvision zoo vs Torch-Pruning"
+    ),
     "prune_speed": Experiment("experiments.bench_prune", "score + plan + apply time vs Torch-Pruning's pruner.step()"),
-    "latency_resnet50": Experiment("experiments.bench_latency_resnet50", "ResNet-50 at 2x fewer MACs, batch 32 CPU latency"),
-    "latency_vs_macs": Experiment("experiments.bench_latency", "ResNet-50 / MobileNetV2 at several targets, batch 1 and 32"),
-    "bias_compensation": Experiment("experiments.bias_compensation", "top-1 right after pruning with/without compensation",
-                                    ("sklearn",)),
+    "latency_resnet50": Experiment(
+        "experiments.bench_latency_resnet50", "ResNet-50 at 2x fewer MACs, batch 32 CPU latency"
+    ),
+    "latency_vs_macs": Experiment(
+        "experiments.bench_latency", "ResNet-50 / MobileNetV2 at several targets, batch 1 and 32"
+    ),
+    "bias_compensation": Experiment(
+        "experiments.bias_compensation", "top-1 right after pruning with/without compensation", ("sklearn",)
+    ),
     "yolo_synthetic": Experiment("experiments.yolo_synthetic", "yolov8n / yolo11n pipeline at several GFLOPs targets"),
     "yolo_latency": Experiment("experiments.yolo_latency", "CPU latency of the yolo_synthetic tables' models"),
 }

@@ -32,8 +32,8 @@ FIELDS = ["table", "model", "target_flops", "imgsz", "gflops640_baseline", "gflo
 def _deployed(path: Path) -> tuple[torch.nn.Module, float]:
     """The checkpoint as ``YOLO(path)`` runs it for inference (float32, BatchNorm fused, eval mode), and its
     GFLOPs at 640 counted before fusing, as the yolo_synthetic tables count them."""
-    from prunefx.integrations.ultralytics_train import load_yolo
-    from prunefx.metrics import ultralytics_gflops
+    from prunefx.integrations.ultralytics.gflops import ultralytics_gflops
+    from prunefx.integrations.ultralytics.train import load_yolo
 
     model = load_yolo(path).float()
     return model.fuse(verbose=False).eval(), ultralytics_gflops(model, 640)
@@ -90,7 +90,7 @@ def quick_entries(tmp: Path) -> list[tuple[str, float, Path, Path]]:
     from ultralytics.nn.tasks import DetectionModel
 
     import prunefx
-    from prunefx.integrations.ultralytics_io import save_yolo
+    from prunefx.integrations.ultralytics.io import save_yolo
 
     torch.manual_seed(0)
     model = DetectionModel("yolov8n.yaml", nc=4, verbose=False)
@@ -107,21 +107,32 @@ def write(rows: list[dict], args: argparse.Namespace, stem: str) -> Path:
         w.writeheader()
         w.writerows(rows)
     cmd = "python -m experiments.yolo_latency" + (" --quick" if args.quick else "")
-    lines = [f"# CPU latency of the YOLO tables' models ({stem})", "",
-             f"Command: `{cmd}`. Machine: {platform.machine()} CPU, {os.cpu_count()} cores, {args.threads} torch "
-             f"threads, batch 1, BatchNorm fused (as ultralytics deploys); base and model timed alternately in {ROUNDS} "
-             f"rounds of {max(1, args.repeats // ROUNDS)} forwards (after 2 warm-up), the median of the round medians; "
-             f"torch {torch.__version__}; 1-min load average at the end {os.getloadavg()[0]:.1f} "
-             f"({args.threads}.0 = this benchmark alone).", "",
-             "| table | model | GFLOPs target | imgsz | GFLOPs@640 base -> model (ratio) | latency ms base -> model "
-             "| speedup | speedup / GFLOPs ratio |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# CPU latency of the YOLO tables' models ({stem})",
+        "",
+        f"Command: `{cmd}`. Machine: {platform.machine()} CPU, {os.cpu_count()} cores, {args.threads} torch "
+        f"threads, batch 1, BatchNorm fused (as ultralytics deploys); base and model timed alternately in {ROUNDS} "
+        f"rounds of {max(1, args.repeats // ROUNDS)} forwards (after 2 warm-up), the median of the round medians; "
+        f"torch {torch.__version__}; 1-min load average at the end {os.getloadavg()[0]:.1f} "
+        f"({args.threads}.0 = this benchmark alone).",
+        "",
+        "| table | model | GFLOPs target | imgsz | GFLOPs@640 base -> model (ratio) | latency ms base -> model "
+        "| speedup | speedup / GFLOPs ratio |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['table']} | {r['model']} | {r['target_flops']:g} | {r['imgsz']} | "
-                     f"{r['gflops640_baseline']:.3f} -> {r['gflops640_model']:.3f} ({r['gflops_ratio']:.3f}) | "
-                     f"{r['latency_ms_baseline']:.1f} -> {r['latency_ms_model']:.1f} | {r['speedup']:.2f}x | "
-                     f"{r['speedup_per_gflops_ratio']:.2f} |")
-    lines += ["", "Base: the run's baseline checkpoint; model: the pruned and fine-tuned checkpoint, or a from-scratch "
-              "control (compared with the first baseline of the same model in its table).", ""]
+        lines.append(
+            f"| {r['table']} | {r['model']} | {r['target_flops']:g} | {r['imgsz']} | "
+            f"{r['gflops640_baseline']:.3f} -> {r['gflops640_model']:.3f} ({r['gflops_ratio']:.3f}) | "
+            f"{r['latency_ms_baseline']:.1f} -> {r['latency_ms_model']:.1f} | {r['speedup']:.2f}x | "
+            f"{r['speedup_per_gflops_ratio']:.2f} |"
+        )
+    lines += [
+        "",
+        "Base: the run's baseline checkpoint; model: the pruned and fine-tuned checkpoint, or a from-scratch "
+        "control (compared with the first baseline of the same model in its table).",
+        "",
+    ]
     path = args.out / f"{stem}.md"
     path.write_text("\n".join(lines))
     print(f"wrote {path}")
@@ -137,7 +148,7 @@ def main(argv: list[str] | None = None) -> Path:
     ap.add_argument("--repeats", type=int, default=60)
     ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "results")
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
-    from prunefx.integrations.ultralytics_env import setup_offline
+    from prunefx.integrations.ultralytics.env import setup_offline
 
     setup_offline()
     if args.quick:

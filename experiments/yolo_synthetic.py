@@ -65,7 +65,7 @@ def narrower(model: str, target: float, nc: int):
     """``model`` with its width multiple scaled down (bisection) until its GFLOPs are ``target`` of the original."""
     from ultralytics.nn.tasks import DetectionModel, yaml_model_load
 
-    from prunefx.metrics import ultralytics_gflops
+    from prunefx.integrations.ultralytics.gflops import ultralytics_gflops
 
     cfg = yaml_model_load(f"{model}.yaml")
     depth, width, max_ch = cfg["scales"][cfg["scale"]]
@@ -84,9 +84,9 @@ def control(kind: str, model: str, target: float, runs: Path, extra: list[str], 
     uniformly narrower one with the pruned model's GFLOPs."""
     import yaml as pyyaml
 
-    from prunefx.integrations.ultralytics_io import save_yolo
-    from prunefx.integrations.ultralytics_train import load_yolo, param_count, train_yolo
-    from prunefx.metrics import ultralytics_gflops
+    from prunefx.integrations.ultralytics.gflops import ultralytics_gflops
+    from prunefx.integrations.ultralytics.io import save_yolo
+    from prunefx.integrations.ultralytics.train import load_yolo, param_count, train_yolo
     from prunefx.pipeline import load_config
     from prunefx.pipeline.yolo import YoloJob, evaluate_yolo, resolve_data
 

@@ -5,16 +5,17 @@
     result = prunefx.prune(model, x, prunefx.PlanConfig(flops=0.5))  # score -> plan -> rewrite -> verify
 """
 
-from .analysis import DependencyGraph, Group, Member, analyze
-from .api import PruneResult, prune
-from .checkpoint import load, save
-from .errors import PrunefxError
-from .importance import Scores, register_criterion, score
-from .plan import CostModel, PlanConfig, PlanError, PruningPlan, make_plan
-from .rewrite import apply_plan, register_fixer
-from .rules import register_rule
-from .trace import register_leaf, trace
-from .verify import VerifyResult, verify
+from prunefx import integrations  # noqa: F401 - names the built-in plugins; imports none of them
+from prunefx.analysis import DependencyGraph, Group, Member, analyze
+from prunefx.analysis.rules import register_rule
+from prunefx.api import PruneResult, prune
+from prunefx.capture import register_leaf, trace
+from prunefx.checkpoint import load, save
+from prunefx.errors import PrunefxError
+from prunefx.importance import Scores, register_criterion, score
+from prunefx.plan import CostModel, PlanConfig, PlanError, PruningPlan, make_plan
+from prunefx.transform import apply_plan, register_fixer
+from prunefx.verify import VerifyResult, verify
 
 __all__ = [
     "trace", "analyze", "score", "make_plan", "apply_plan", "verify", "prune", "save", "load",

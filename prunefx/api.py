@@ -17,19 +17,18 @@ from typing import Any
 import torch
 from torch import nn
 
-from .analysis import DependencyGraph, analyze
-from .compensate import Compensation, compensate
-from .importance import Scores, score
-from .plan import CostModel, PlanConfig, PruningPlan, make_plan
-from .rewrite import apply_plan
-from .verify import VerifyResult, verify
+from prunefx.analysis import DependencyGraph, analyze
+from prunefx.importance import Scores, score
+from prunefx.plan import CostModel, PlanConfig, PruningPlan, make_plan
+from prunefx.transform import Compensation, apply_plan, compensate
+from prunefx.verify import VerifyResult, verify
 
 
 @dataclass(frozen=True)
 class PruneResult:
     """What :func:`prune` did: the plan, the analysis it was made from, the scores and the check."""
 
-    model: nn.Module
+    model: nn.Module  # the module to use: the pruned model, or the rewritten GraphModule (graph_rewrite)
     plan: PruningPlan
     graph: DependencyGraph
     scores: Scores
@@ -65,6 +64,6 @@ def prune(
         bias_compensation = criterion == "bn_scale"
     compensation = compensate(model, dg, plan, example_inputs) if bias_compensation else None
     original = copy.deepcopy(model) if check else None  # after compensation: values, not shapes, changed
-    apply_plan(model, dg, plan, graph_rewrite=config.graph_rewrite)
-    verified = verify(original, model, plan, example_inputs) if check else None
-    return PruneResult(model, plan, dg, scores, verified, compensation)
+    pruned = apply_plan(model, dg, plan, graph_rewrite=config.graph_rewrite)
+    verified = verify(original, pruned, plan, example_inputs) if check else None
+    return PruneResult(pruned, plan, dg, scores, verified, compensation)

@@ -16,11 +16,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .analysis import analyze
-from .errors import PrunefxError
-from .fileio import atomic_torch_save
-from .plan import PruningPlan
-from .rewrite import apply_plan
+from prunefx._io import atomic_torch_save
+from prunefx.analysis import analyze
+from prunefx.errors import PrunefxError
+from prunefx.plan import PruningPlan
+from prunefx.transform.rewrite import apply_plan
 
 FORMAT = "prunefx.checkpoint/1"
 
@@ -33,13 +33,19 @@ def save(model: nn.Module, plan: PruningPlan, path: str | os.PathLike) -> Path:
     return path
 
 
-def load(path: str | os.PathLike, base_model_factory: Callable[[], nn.Module], *, graph_rewrite: bool = False) -> nn.Module:
-    """Rebuild a pruned model: fresh model from ``base_model_factory`` -> re-apply the plan -> load weights."""
+def load(
+    path: str | os.PathLike, base_model_factory: Callable[[], nn.Module], *, graph_rewrite: bool = False
+) -> nn.Module:
+    """Rebuild a pruned model: fresh model from ``base_model_factory`` -> re-apply the plan -> load weights.
+
+    Returns the module to use (as :func:`prunefx.apply_plan` does): the model, or the rewritten GraphModule when
+    the plan was made with ``graph_rewrite`` (recorded in the plan; the argument forces it for older plans).
+    """
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise PrunefxError(f"no checkpoint at {path}") from None
-    except Exception as exc:  # noqa: BLE001 - a truncated or foreign file
+    except Exception as exc:  # a truncated or foreign file
         raise PrunefxError(f"{path} is not a readable prunefx checkpoint ({type(exc).__name__}: {exc})") from exc
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise PrunefxError(f"{path} is not a prunefx checkpoint (expected format {FORMAT!r})")
@@ -47,6 +53,6 @@ def load(path: str | os.PathLike, base_model_factory: Callable[[], nn.Module], *
     model = base_model_factory()
     inputs = tuple(torch.zeros(s) for s in plan.input_shapes)
     dg = analyze(model, inputs)
-    apply_plan(model, dg, plan, graph_rewrite=graph_rewrite)
-    model.load_state_dict(payload["state_dict"])
-    return model
+    pruned = apply_plan(model, dg, plan, graph_rewrite=graph_rewrite or bool(plan.target.get("graph_rewrite")))
+    pruned.load_state_dict(payload["state_dict"])
+    return pruned

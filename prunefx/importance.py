@@ -22,11 +22,11 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from .analysis.groups import Group, Member
-from .errors import PrunefxError
+from prunefx.analysis.groups import Group, Member
+from prunefx.errors import PrunefxError
 
 if TYPE_CHECKING:
-    from .analysis.graph import DependencyGraph
+    from prunefx.analysis.graph import DependencyGraph
 
 Criterion = Callable[["ScoreContext", Group], "np.ndarray | None"]
 
@@ -34,7 +34,9 @@ CRITERIA: dict[str, Criterion] = {}
 _NOT_APPLICABLE: dict[str, str] = {}  # criterion name -> why it may return None (shown in Scores.used)
 
 
-def register_criterion(name: str, *, not_applicable: str = "criterion does not apply") -> Callable[[Criterion], Criterion]:
+def register_criterion(
+    name: str, *, not_applicable: str = "criterion does not apply"
+) -> Callable[[Criterion], Criterion]:
     """Register ``fn(ctx, group)``; ``not_applicable`` says why it returns None, e.g. "no BatchNorm in group".
 
     >>> @register_criterion("gamma_sq", not_applicable="no BatchNorm in group")
@@ -113,7 +115,9 @@ class ScoreContext:
 
     def _taylor(self) -> dict[str, dict[int, np.ndarray]]:
         if self.calibration is None or self.loss_fn is None:
-            raise PrunefxError("criterion 'taylor' needs calibration=[(inputs, targets), ...] and loss_fn(outputs, targets)")
+            raise PrunefxError(
+                "criterion 'taylor' needs calibration=[(inputs, targets), ...] and loss_fn(outputs, targets)"
+            )
         params = {n: self.parameter(n) for n in self._dims()}
         every = list(self.model.parameters())
         wants = [p.requires_grad for p in every]
@@ -132,13 +136,13 @@ class ScoreContext:
                     loss = self.loss_fn(_call(self.model, _to(inputs, device)), _to(targets, device))
                     grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
                 with torch.no_grad():
-                    for (name, p), g in zip(params.items(), grads):
+                    for (name, p), g in zip(params.items(), grads, strict=True):
                         prod = p.detach() * g if g is not None else torch.zeros_like(p)
                         for d, s in _dim_sums(prod, rows[name].keys()).items():
                             rows[name][d].append(_numpy(s))
                 batches += 1
         finally:
-            for p, w in zip(every, wants):
+            for p, w in zip(every, wants, strict=True):
                 p.requires_grad_(w)
             for m, t in modes:
                 m.training = t
@@ -180,7 +184,9 @@ def score(
         if v is not None:
             v = np.asarray(v, dtype=np.float64)
             if v.shape != (g.channels,):
-                raise PrunefxError(f"criterion {label!r} returned shape {v.shape} for group {g.id}, expected ({g.channels},)")
+                raise PrunefxError(
+                    f"criterion {label!r} returned shape {v.shape} for group {g.id}, expected ({g.channels},)"
+                )
             values[g.id] = v
     return Scores(values, used)
 

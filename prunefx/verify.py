@@ -2,8 +2,9 @@
 
 The masked run interprets the ORIGINAL model's fx graph and zeroes every pruned channel at every
 tensor it appears in (labels from the analysis); it shares no code with the rewrite, which slices
-weights. Both runs use the training-mode graph (every layer that learns, e.g. YOLO's raw head
-outputs) with modules in eval mode under no_grad, so BatchNorm uses running stats and nothing updates.
+weights: the masks are derived here from the plan and the channel classes, independently. Both runs use
+the training-mode graph (every layer that learns, e.g. YOLO's raw head outputs) with modules in eval mode
+under no_grad, so BatchNorm uses running stats and nothing updates.
 """
 
 from __future__ import annotations
@@ -16,19 +17,17 @@ from typing import Any
 import numpy as np
 import torch
 import torch.fx as fx
-import torch.nn.functional as F
 from torch import nn
-from torchvision.ops.stochastic_depth import stochastic_depth
 from torch.utils._pytree import tree_flatten
 
-from .analysis import analyze
-from .analysis.engine import _drop_keys
-from .analysis.graph import DependencyGraph
-from .integrations.outputs import default_free_outputs
-from .analysis.values import Lab
-from .plan import PlanError, PruningPlan
-from .rewrite import keep_by_root, kept_positions, validate_plan
-from .trace import trace, training_mode
+from prunefx import _plugins
+from prunefx.analysis import analyze
+from prunefx.analysis.graph import DependencyGraph
+from prunefx.analysis.labels import Lab
+from prunefx.analysis.outputs import default_free_outputs, drop_keys
+from prunefx.analysis.rules import TRAIN_ONLY
+from prunefx.capture.trace import trace, training_mode
+from prunefx.plan import PlanError, PruningPlan, validate_plan
 
 
 @dataclass(frozen=True)
@@ -45,11 +44,6 @@ class VerifyResult:
     message: str
 
 
-# Functions that the training-mode graph calls with ``training=True`` baked in: under verification they
-# act as in eval mode (identity), so both runs are deterministic and comparable.
-_TRAIN_ONLY = {F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout, F.feature_alpha_dropout, stochastic_depth}
-
-
 class _EvalGraph(fx.Interpreter):
     """Runs a training-mode graph with eval semantics, optionally zeroing pruned channels after each node."""
 
@@ -58,7 +52,7 @@ class _EvalGraph(fx.Interpreter):
         self.masks = masks or {}
 
     def call_function(self, target: Any, args: tuple, kwargs: dict) -> Any:
-        if target in _TRAIN_ONLY:
+        if target in TRAIN_ONLY:  # training=True baked into the trace: eval semantics here
             return args[0] if args else kwargs["input"]
         return super().call_function(target, args, kwargs)
 
@@ -76,12 +70,24 @@ def _apply(out: Any, spec: Any) -> Any:
             out = out * mask.to(out.dtype).view(shape)
         return out
     if isinstance(out, (tuple, list)):
-        return type(out)(_apply(o, s) if s is not None else o for o, s in zip(out, spec))
+        return type(out)(_apply(o, s) if s is not None else o for o, s in zip(out, spec, strict=True))
     return out
 
 
+def _removed_classes(dg: DependencyGraph, plan: PruningPlan) -> np.ndarray:
+    """Class ids (atom roots) of every channel the plan removes."""
+    removed = []
+    for gp in plan.groups:
+        roots = dg.groups[gp.group].roots
+        gone = np.ones(len(roots), dtype=bool)
+        gone[list(gp.keep)] = False
+        removed.append(roots[gone])
+    return np.unique(np.concatenate(removed)) if removed else np.empty(0, np.int64)
+
+
 def _mask_specs(dg: DependencyGraph, plan: PruningPlan) -> dict[str, Any]:
-    sorted_roots, keep = keep_by_root(dg, plan)
+    """Per node: (dim, 0/1 mask) for every labelled dim that holds a removed channel."""
+    removed = _removed_classes(dg, plan)
     cache: dict[int, torch.Tensor | None] = {}
 
     def spec_of(v: Any) -> Any:
@@ -93,10 +99,8 @@ def _mask_specs(dg: DependencyGraph, plan: PruningPlan) -> dict[str, Any]:
                 key = id(arr)
                 if key not in cache:
                     roots = dg.atoms.find(arr)
-                    pos = kept_positions(roots, sorted_roots, keep)
-                    m = np.zeros(len(arr), dtype=np.float32)
-                    m[pos] = 1.0
-                    cache[key] = torch.from_numpy(m) if len(pos) < len(arr) else None
+                    keep = ~((roots >= 0) & np.isin(roots, removed))
+                    cache[key] = None if keep.all() else torch.from_numpy(keep.astype(np.float32))
                 if cache[key] is not None:
                     out.append((d, cache[key]))
             return out or None
@@ -115,7 +119,7 @@ def _mask_specs(dg: DependencyGraph, plan: PruningPlan) -> dict[str, Any]:
 
 def _outputs(x: Any, free: tuple[str, ...] = ()) -> list[torch.Tensor]:
     """Output tensors, without the entries whose width may change (``free_outputs``)."""
-    return [t for t in tree_flatten(_drop_keys(x, free))[0] if isinstance(t, torch.Tensor)]
+    return [t for t in tree_flatten(drop_keys(x, free))[0] if isinstance(t, torch.Tensor)]
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -126,7 +130,9 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return diff / max(scale, 1e-12)
 
 
-def masked_outputs(original: nn.Module, dg: DependencyGraph, plan: PruningPlan, example_inputs: Sequence[Any]) -> list[torch.Tensor]:
+def masked_outputs(
+    original: nn.Module, dg: DependencyGraph, plan: PruningPlan, example_inputs: Sequence[Any]
+) -> list[torch.Tensor]:
     """Outputs of the original model's graph with every pruned channel zeroed wherever it appears."""
     validate_plan(dg, plan, graph_rewrite=True)
     with training_mode(dg.gm, False), torch.no_grad():
@@ -150,6 +156,7 @@ def verify(
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
     example_inputs = tuple(example_inputs)
+    _plugins.activate()
     if dg is not None and not _shares_weights(dg.gm, original):
         raise PlanError("dg must be the analysis of `original` (the unpruned copy), not of the pruned model")
     dg = dg or analyze(original, example_inputs)
@@ -157,7 +164,10 @@ def verify(
     gm = trace(pruned, example_inputs, training=True)
     with training_mode(gm, False), torch.no_grad():
         got = _outputs(_EvalGraph(gm).run(*example_inputs), default_free_outputs(original))
-    errors = tuple(_rel(a, b) for a, b in zip(reference, got)) if len(reference) == len(got) else (float("inf"),)
+    if len(reference) == len(got):
+        errors = tuple(_rel(a, b) for a, b in zip(reference, got, strict=True))
+    else:
+        errors = (float("inf"),)
     inexact = tuple(gp.group for gp in plan.pruned if not dg.groups[gp.group].exact)
     runs_eval, runs_train = _runs(original, pruned, example_inputs)
     worst = max(errors, default=0.0)
@@ -166,7 +176,9 @@ def verify(
     if not (runs_eval and runs_train):
         msg = "the pruned model does not run (or changes output shapes) in eval or train mode"
     elif not exact:
-        msg = f"not exactly verifiable: groups {list(inexact)} pass through cross-channel ops; max rel. diff {worst:.3g}"
+        msg = (
+            f"not exactly verifiable: groups {list(inexact)} pass through cross-channel ops; max rel. diff {worst:.3g}"
+        )
     else:
         msg = f"max relative error {worst:.3g} over {len(errors)} output(s) (rtol {rtol})"
     return VerifyResult(bool(ok), exact, float(worst), errors, inexact, runs_eval, runs_train, msg)
@@ -188,7 +200,7 @@ def _runs(original: nn.Module, pruned: nn.Module, example_inputs: tuple) -> tupl
         try:
             with torch.no_grad():
                 oa, ob = _outputs(a(*example_inputs), free), _outputs(b(*example_inputs), free)
-            results.append(len(oa) == len(ob) and all(x.shape == y.shape for x, y in zip(oa, ob)))
+            results.append(len(oa) == len(ob) and all(x.shape == y.shape for x, y in zip(oa, ob, strict=True)))
         except Exception:  # noqa: BLE001 - any failure of the pruned forward is the finding
             results.append(False)
     return results[0], results[1]

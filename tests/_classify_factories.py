@@ -6,7 +6,7 @@ import os
 
 from torch import nn
 
-from prunefx.models_zoo import bn_cnn
+from prunefx.zoo import bn_cnn
 
 
 def tiny_bn_cnn(num_classes: int = 10, in_channels: int = 1) -> nn.Module:

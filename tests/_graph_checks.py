@@ -6,7 +6,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from prunefx.shapes import VALUE_KEY
+from prunefx.capture.values import VALUE_KEY
 
 
 def producers(gm: fx.GraphModule, nodes: list[fx.Node]) -> set[str]:

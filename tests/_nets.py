@@ -18,7 +18,9 @@ def randomize_bn(model: nn.Module, seed: int = 0) -> nn.Module:
 
 
 def cbr(cin: int, cout: int, k: int = 3, groups: int = 1) -> nn.Sequential:
-    return nn.Sequential(nn.Conv2d(cin, cout, k, padding=k // 2, groups=groups, bias=False), nn.BatchNorm2d(cout), nn.ReLU())
+    return nn.Sequential(
+        nn.Conv2d(cin, cout, k, padding=k // 2, groups=groups, bias=False), nn.BatchNorm2d(cout), nn.ReLU()
+    )
 
 
 class Patterns(nn.Module):

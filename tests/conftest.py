@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from prunefx.integrations.ultralytics_env import setup_offline
+from prunefx.integrations.ultralytics.env import setup_offline
 
 setup_offline()
 os.environ.setdefault("MPLBACKEND", "Agg")

@@ -64,7 +64,10 @@ def test_group_without_batchnorm_falls_back_and_says_so(tiny):
     assert s.used[b.id] == s.used[c.id] == "l2 (fallback: no BatchNorm in group)"
     np.testing.assert_allclose(s.values[b.id], score(model, dg, "l2").values[b.id])
     s = score(model, dg, "bn_scale", fallback="random", groups=[b, d.id])
-    assert s.used == {b.id: "random (fallback: no BatchNorm in group)", d.id: "random (fallback: no BatchNorm in group)"}
+    assert s.used == {
+        b.id: "random (fallback: no BatchNorm in group)",
+        d.id: "random (fallback: no BatchNorm in group)",
+    }
     s = score(model, dg, "bn_scale", fallback=None)
     assert b.id not in s.values and s.used[b.id] == "none: no BatchNorm in group"
 
@@ -135,8 +138,21 @@ def test_taylor_matches_a_hand_computation_and_leaves_the_model_as_it_was(tiny):
 
     model.c1.weight.requires_grad_(True)
     expect_b = _by_hand_taylor(model, x, y, [("c3.weight", 0), ("c3.bias", 0), ("c4.weight", 1)])
-    expect_a = _by_hand_taylor(model, x, y, [("c1.weight", 0), ("b1.weight", 0), ("b1.bias", 0), ("c2.weight", 1),
-                                             ("c2.weight", 0), ("b2.weight", 0), ("b2.bias", 0), ("c3.weight", 1)])
+    expect_a = _by_hand_taylor(
+        model,
+        x,
+        y,
+        [
+            ("c1.weight", 0),
+            ("b1.weight", 0),
+            ("b1.bias", 0),
+            ("c2.weight", 1),
+            ("c2.weight", 0),
+            ("b2.weight", 0),
+            ("b2.bias", 0),
+            ("c3.weight", 1),
+        ],
+    )
     np.testing.assert_allclose(s.values[b.id], expect_b, rtol=1e-5, atol=1e-9)
     np.testing.assert_allclose(s.values[a.id], expect_a, rtol=1e-5, atol=1e-9)
     assert s.used[a.id] == "taylor"
@@ -144,7 +160,10 @@ def test_taylor_matches_a_hand_computation_and_leaves_the_model_as_it_was(tiny):
 
 def test_taylor_averages_the_absolute_value_per_batch(tiny):
     model, dg, a, b, c, _ = tiny
-    batches = [(torch.randn(4, 2, 2, 2), torch.tensor([0, 1, 2, 0])), (torch.randn(3, 2, 2, 2), torch.tensor([2, 2, 1]))]
+    batches = [
+        (torch.randn(4, 2, 2, 2), torch.tensor([0, 1, 2, 0])),
+        (torch.randn(3, 2, 2, 2), torch.tensor([2, 2, 1])),
+    ]
     two = score(model, dg, "taylor", calibration=batches, loss_fn=F.cross_entropy).values[b.id]
     each = [score(model, dg, "taylor", calibration=[bt], loss_fn=F.cross_entropy).values[b.id] for bt in batches]
     np.testing.assert_allclose(two, (each[0] + each[1]) / 2, rtol=1e-6)

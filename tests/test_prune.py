@@ -2,22 +2,20 @@
 
 import copy
 import math
-import warnings
 
 import numpy as np
 import pytest
 import torch
 import torchvision
+from _nets import Patterns, randomize_bn
 from torch import nn
 
 import prunefx
 import prunefx.checkpoint
 from prunefx.metrics import measure
 from prunefx.plan import CostModel, PlanConfig, PlanError, PruningPlan, make_plan
-from prunefx.rewrite import apply_plan
+from prunefx.transform.rewrite import apply_plan
 from prunefx.verify import masked_outputs, verify
-
-from _nets import Patterns, randomize_bn
 
 
 def _random_scores(dg, seed=0):
@@ -113,8 +111,19 @@ def test_ignore_and_overrides():
         assert g.after == g.before - math.floor(r * g.before)
 
 
-@pytest.mark.parametrize("kwargs", [dict(ratio=1.0), dict(ratio=-0.1), dict(flops=0.0), dict(flops=1.5), dict(),
-                                    dict(ratio=0.5, flops=0.5), dict(ratio=0.5, round_to=0), dict(ratio=0.5, min_channels=0)])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(ratio=1.0),
+        dict(ratio=-0.1),
+        dict(flops=0.0),
+        dict(flops=1.5),
+        dict(),
+        dict(ratio=0.5, flops=0.5),
+        dict(ratio=0.5, round_to=0),
+        dict(ratio=0.5, min_channels=0),
+    ],
+)
 def test_bad_config_is_rejected(kwargs):
     with pytest.raises(PlanError):
         PlanConfig(**kwargs)
@@ -139,7 +148,7 @@ def test_plan_json_round_trip_and_reapply():
     again = PruningPlan.from_json(plan.to_json())
     assert again == plan
     apply_plan(twin, prunefx.analyze(twin, x), again)
-    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), twin.state_dict().values()))
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), twin.state_dict().values(), strict=True))
 
 
 def test_save_load_round_trip(tmp_path):

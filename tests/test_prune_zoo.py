@@ -6,14 +6,13 @@ import copy
 import pytest
 import torch
 import torchvision
+from _nets import randomize_bn
 
 import prunefx
 from prunefx.metrics import measure
 from prunefx.plan import CostModel, PlanConfig, make_plan
-from prunefx.rewrite import apply_plan
+from prunefx.transform.rewrite import apply_plan
 from prunefx.verify import verify
-
-from _nets import randomize_bn
 
 ZOO = torchvision.models.list_models(module=torchvision.models)
 FAST = {"resnet18", "mobilenet_v3_small", "shufflenet_v2_x0_5", "squeezenet1_1", "mnasnet0_5", "regnet_x_400mf",
@@ -55,11 +54,15 @@ def test_torchvision_zoo(name):
         _check(copy.deepcopy(model), x, ratio)
 
 
-@pytest.mark.parametrize("cfg", ["yolov8n.yaml", "yolo11n.yaml", "yolo11n-seg.yaml", "yolov8n-pose.yaml", "yolo11n-cls.yaml"])
+@pytest.mark.parametrize(
+    "cfg", ["yolov8n.yaml", "yolo11n.yaml", "yolo11n-seg.yaml", "yolov8n-pose.yaml", "yolo11n-cls.yaml"]
+)
 def test_ultralytics_models(cfg):
     from ultralytics.nn.tasks import ClassificationModel, DetectionModel, PoseModel, SegmentationModel
 
-    cls = {"seg": SegmentationModel, "pose": PoseModel, "cls": ClassificationModel}.get(cfg.split("-")[-1][:-5], DetectionModel)
+    cls = {"seg": SegmentationModel, "pose": PoseModel, "cls": ClassificationModel}.get(
+        cfg.split("-")[-1][:-5], DetectionModel
+    )
     model = randomize_bn(cls(cfg, verbose=False)).eval()
     x = torch.randn(1, 3, 64, 64)
     for ratio in (0.3, 0.5):

@@ -11,15 +11,15 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from .. import rules as _rules  # noqa: F401  (fills the op registry)
-from ..errors import PrunefxError
-from ..rules.registry import RULES, OpRegistry
-from ..shapes import propagate
-from ..trace import META_KEY, trace
-from ..integrations.outputs import default_free_outputs
-from .engine import Engine
-from .graph import DependencyGraph
-from .groups import Group, Member, build_groups
+from prunefx import _plugins
+from prunefx.analysis.engine import Engine
+from prunefx.analysis.graph import DependencyGraph
+from prunefx.analysis.groups import Group, Member, build_groups
+from prunefx.analysis.outputs import default_free_outputs
+from prunefx.analysis.rules import RULES, OpRegistry
+from prunefx.capture.trace import META_KEY, trace
+from prunefx.capture.values import propagate
+from prunefx.errors import PrunefxError
 
 
 def analyze(
@@ -43,6 +43,7 @@ def analyze(
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
     example_inputs = tuple(example_inputs)
+    _plugins.activate()  # the model's library is imported by now: its rules, fixers and free outputs register
     t0 = time.perf_counter()
     # Train mode exposes every layer that learns (YOLO Detect's raw head, aux classifiers); tracing runs
     # no tensor op, so nothing in the model changes, and each module's flag is restored afterwards.
@@ -92,7 +93,9 @@ def _tie_shared_tensors(gm: fx.GraphModule, state) -> None:
         elif len(prev.atoms) == len(rec.atoms):
             state.atoms.union(prev.atoms, rec.atoms, f"tied tensor {canon}")
         else:
-            state.atoms.freeze(np.concatenate([prev.atoms, rec.atoms]), f"tied tensor {canon} used with different shapes")
+            state.atoms.freeze(
+                np.concatenate([prev.atoms, rec.atoms]), f"tied tensor {canon} used with different shapes"
+            )
 
 
 __all__ = ["analyze", "DependencyGraph", "Group", "Member"]

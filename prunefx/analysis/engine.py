@@ -18,10 +18,11 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from ..atoms import AtomTable
-from ..rules.registry import RULES, OpRegistry
-from ..shapes import VALUE_KEY
-from .values import Lab, SizeRef
+from prunefx.analysis.atoms import AtomTable
+from prunefx.analysis.labels import Lab, SizeRef
+from prunefx.analysis.outputs import drop_keys
+from prunefx.analysis.rules._registry import RULES, OpRegistry
+from prunefx.capture.values import VALUE_KEY
 
 
 @dataclass
@@ -74,7 +75,7 @@ def describe_target(node: fx.Node, module: nn.Module | None) -> str:
 class Ctx:
     """What a rule sees: its node, argument values and labels, and the operations it may perform."""
 
-    def __init__(self, engine: "Engine", node: fx.Node, module: nn.Module | None) -> None:
+    def __init__(self, engine: Engine, node: fx.Node, module: nn.Module | None) -> None:
         self.engine = engine
         self.state = engine.state
         self.node = node
@@ -215,7 +216,7 @@ class Engine:
             return self._get_attr(node, val)
         if node.op == "output":
             ctx = Ctx(self, node, None)
-            ctx.freeze(_drop_keys(ctx.aval(node.args[0]), self.free_outputs), "model output")
+            ctx.freeze(drop_keys(ctx.aval(node.args[0]), self.free_outputs), "model output")
             return None
         module = self.modules.get(node.target) if node.op == "call_module" else None
         if node.op == "call_module":
@@ -252,22 +253,14 @@ class Engine:
     def _unknown(self, ctx: Ctx, val: Any) -> Any:
         inputs = [a for a in _flatten((ctx.args, dict(ctx.kwargs))) if isinstance(a, fx.Node)]
         labs = [self.env[a] for a in inputs]
-        touches = any(isinstance(x, Lab) for x in _flatten(labs)) or any(isinstance(x, torch.Tensor) for x in _flatten(val))
+        touches = any(isinstance(x, Lab) for x in _flatten(labs))
+        touches = touches or any(isinstance(x, torch.Tensor) for x in _flatten(val))
         if not touches:  # pure Python arithmetic on sizes and the like
             return size_arith(ctx, val, labs)
         desc = describe_target(ctx.node, ctx.module)
         self.state.unknown[ctx.node.name] = desc
         ctx.freeze(labs, f"no rule for {desc}")
         return _unlabeled(val)
-
-
-def _drop_keys(out: Any, keys: tuple[str, ...]) -> Any:
-    """The output structure without dict entries named in ``keys`` (outputs whose width is free)."""
-    if isinstance(out, dict):
-        return {k: _drop_keys(v, keys) for k, v in out.items() if k not in keys}
-    if isinstance(out, (list, tuple)):
-        return [_drop_keys(v, keys) for v in out]
-    return out
 
 
 def _container(ctx: Ctx) -> Any:
@@ -299,5 +292,3 @@ def size_arith(ctx: Ctx, val: Any, labs: list[Any]) -> Any:
         exact = ctx.node.target in (operator.pos, int) and len(refs) == 1 and refs[0].exact
         return SizeRef(val, sources, exact)
     return val
-
-

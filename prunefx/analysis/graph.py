@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import torch.fx as fx
 
-from ..atoms import AtomTable
-from .groups import Group
+from prunefx.analysis.atoms import AtomTable
+from prunefx.analysis.groups import Group
 
 SCHEMA_VERSION = 1
 
@@ -55,7 +55,9 @@ class DependencyGraph:
         return None
 
     def groups_of(self, module: str, role: str = "out") -> list[Group]:
-        return [g for g in self.groups if any(m.kind == "module" and m.name == module and m.role == role for m in g.members)]
+        return [
+            g for g in self.groups if any(m.kind == "module" and m.name == module and m.role == role for m in g.members)
+        ]
 
     def summary(self) -> str:
         frozen = [g for g in self.groups if not g.prunable]
@@ -100,10 +102,18 @@ class DependencyGraph:
             t.add_column(col, overflow="fold")
         for g in self.groups:
             owners = {m.name for m in g.members if m.kind == "module"}
-            mem = [f"{m.name}.{m.describe()}" for m in g.members if m.kind != "param" or m.name.rsplit(".", 1)[0] not in owners]
+            mem = [
+                f"{m.name}.{m.describe()}"
+                for m in g.members
+                if m.kind != "param" or m.name.rsplit(".", 1)[0] not in owners
+            ]
             more = len(mem) - max_members
             text = "\n".join(mem[:max_members]) + (f"\n(+{more} more)" if more > 0 else "")
-            why = "; ".join(g.constraints) if g.prunable else g.reasons[0] + (f" (+{len(g.reasons) - 1})" if len(g.reasons) > 1 else "")
+            why = (
+                "; ".join(g.constraints)
+                if g.prunable
+                else g.reasons[0] + (f" (+{len(g.reasons) - 1})" if len(g.reasons) > 1 else "")
+            )
             if g.prunable and not g.exact:
                 why = ("inexact: " + g.inexact_reasons[0] + "; " + why).rstrip("; ")
             t.add_row(str(g.id), str(g.channels), "yes" if g.prunable else "no", why, text)

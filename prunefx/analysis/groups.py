@@ -8,10 +8,11 @@ subset of a group's channels can be removed with one consistent rewrite of those
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 import numpy as np
 
-from .engine import EngineState, Record
+from prunefx.analysis.engine import EngineState, Record
 
 _RNG = np.random.default_rng(0x5EED)
 
@@ -34,7 +35,7 @@ class Member:
     @property
     def positions(self) -> tuple[tuple[int, ...], ...]:
         idx, off = self.index.tolist(), self.offsets.tolist()
-        return tuple(tuple(idx[a:b]) for a, b in zip(off, off[1:]))
+        return tuple(tuple(idx[a:b]) for a, b in pairwise(off))
 
     def describe(self) -> str:
         """Compact slice notation: ``out[0:64]``, ``in[0:64]+[64:128]`` (SPPF), ``in[0:25088:49]x49`` (flatten)."""
@@ -173,7 +174,7 @@ def _group_once(state: EngineState) -> Grouping | None:
     o_gid, o_rec, o_rank, o_pos = occ_gid[order], occ_rec[order], occ_rank[order], occ_pos[order]
     block = np.flatnonzero(np.diff(o_gid * R + o_rec, prepend=-1, append=-1))
     members: list[list[Member]] = [[] for _ in range(n_grp)]
-    for a, b in zip(block[:-1], block[1:]):
+    for a, b in pairwise(block):
         g, rid = int(o_gid[a]), int(o_rec[a])
         counts = np.bincount(o_rank[a:b], minlength=int(sizes[g]))
         offsets = np.concatenate([[0], np.cumsum(counts)])
@@ -195,8 +196,10 @@ def _group_once(state: EngineState) -> Grouping | None:
         for gids, why in ties:
             if g in gids:
                 constraints.append(f"keeps as many channels as group(s) {[x for x in gids if x != g]}: {why}")
-        groups.append(Group(g, int(sizes[g]), not fr, tuple(fr), tuple(constraints), not ir, tuple(ir), tuple(members[g]), froots))
-    return Grouping(groups, dict(zip(keys, roots)), ties)
+        groups.append(
+            Group(g, int(sizes[g]), not fr, tuple(fr), tuple(constraints), not ir, tuple(ir), tuple(members[g]), froots)
+        )
+    return Grouping(groups, dict(zip(keys, roots, strict=True)), ties)
 
 
 def _unique_inverse(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

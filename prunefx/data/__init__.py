@@ -1,5 +1,5 @@
 """Synthetic datasets for quick, offline pruning experiments."""
 
-from .shapes import DEFAULT_CLASSES, SHAPE_COLORS, make_shapes_dataset
+from prunefx.data.detection import DEFAULT_CLASSES, SHAPE_COLORS, make_shapes_dataset
 
 __all__ = ["DEFAULT_CLASSES", "SHAPE_COLORS", "make_shapes_dataset"]

@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from ..errors import PrunefxError
-from ..fileio import atomic_write
+from prunefx._io import atomic_write
+from prunefx.errors import PrunefxError
 
 NAMES = ("digits", "synthetic", "imagefolder", "cifar10", "cifar100")
 # Channel statistics for data read from disk (ImageNet's for ImageFolder; CIFAR's own training-set values).
@@ -77,14 +77,18 @@ class DatasetSpec:
             raise DatasetError(f"dataset.image_size must be in [8, 1024], got {self.image_size}")
         if self.channels not in (None, 1, 3):
             raise DatasetError(f"dataset.channels must be 1 or 3 (or null for the data's own), got {self.channels}")
-        if not (0 < self.val_fraction < 1 and 0 <= self.test_fraction < 1 and self.val_fraction + self.test_fraction < 1):
+        if not (
+            0 < self.val_fraction < 1 and 0 <= self.test_fraction < 1 and self.val_fraction + self.test_fraction < 1
+        ):
             raise DatasetError("dataset.val_fraction and test_fraction must be in [0, 1) and sum to less than 1")
         if min(self.n_train, self.n_val, self.n_test) < 1:
             raise DatasetError("dataset.n_train, n_val and n_test must be >= 1")
         if self.name in ("imagefolder", "cifar10", "cifar100"):
             if not self.root:
-                raise DatasetError(f"dataset {self.name} needs root: the directory that holds it on disk "
-                                   "(prunefx never downloads datasets)")
+                raise DatasetError(
+                    f"dataset {self.name} needs root: the directory that holds it on disk "
+                    "(prunefx never downloads datasets)"
+                )
             if not Path(self.root).is_dir():
                 raise DatasetError(f"dataset root {self.root} does not exist; {_layout(self.name)}")
 
@@ -130,8 +134,10 @@ class ClassificationData:
         return torch.stack([self.train[i][0] for i in range(min(n, len(self.train)))])
 
     def summary(self) -> str:
-        return (f"{self.name}: {len(self.train)}/{len(self.val)}/{len(self.test)} train/val/test images, "
-                f"{self.num_classes} classes, {self.channels}x{self.image_size}x{self.image_size}")
+        return (
+            f"{self.name}: {len(self.train)}/{len(self.val)}/{len(self.test)} train/val/test images, "
+            f"{self.num_classes} classes, {self.channels}x{self.image_size}x{self.image_size}"
+        )
 
 
 class TensorSplit(Dataset):
@@ -171,8 +177,13 @@ def _split_indices(n: int, fractions: Sequence[float], seed: int) -> list[np.nda
     return np.split(perm, cuts)
 
 
-def _normalised(images: torch.Tensor, size: int, channels: int, train: torch.Tensor | None = None,
-                stats: tuple[Sequence[float], Sequence[float]] | None = None) -> tuple[torch.Tensor, tuple, tuple]:
+def _normalised(
+    images: torch.Tensor,
+    size: int,
+    channels: int,
+    train: torch.Tensor | None = None,
+    stats: tuple[Sequence[float], Sequence[float]] | None = None,
+) -> tuple[torch.Tensor, tuple, tuple]:
     """Resize (bilinear) to ``size``, convert channels, normalise with ``stats`` or the training set's own."""
     x = _channels(images.float(), channels)
     if x.shape[-1] != size:
@@ -202,38 +213,53 @@ def _digits(spec: DatasetSpec) -> ClassificationData:
     d = load_digits()  # shipped with scikit-learn: nothing is downloaded
     images = torch.tensor(d.images, dtype=torch.float32).unsqueeze(1) / 16.0
     labels = torch.tensor(d.target, dtype=torch.int64)
-    train, val, test = (torch.from_numpy(i) for i in _split_indices(len(labels), (spec.val_fraction, spec.test_fraction), spec.seed))
+    train, val, test = (
+        torch.from_numpy(i) for i in _split_indices(len(labels), (spec.val_fraction, spec.test_fraction), spec.seed)
+    )
     channels = spec.channels or spec.native_channels
     x, mean, std = _normalised(images, spec.size, channels, train)
-    return ClassificationData(TensorSplit(x[train], labels[train]), TensorSplit(x[val], labels[val]),
-                              TensorSplit(x[test], labels[test]), 10, channels, spec.size,
-                              tuple(str(i) for i in range(10)), "digits", mean, std)
+    return ClassificationData(
+        TensorSplit(x[train], labels[train]),
+        TensorSplit(x[val], labels[val]),
+        TensorSplit(x[test], labels[test]),
+        10,
+        channels,
+        spec.size,
+        tuple(str(i) for i in range(10)),
+        "digits",
+        mean,
+        std,
+    )
 
 
 def _synthetic(spec: DatasetSpec) -> ClassificationData:
-    from .synthetic import CLASSES
+    from prunefx.data.synthetic import CLASSES
 
-    arrays = {split: _synthetic_split(spec, split, n) for split, n in
-              (("train", spec.n_train), ("val", spec.n_val), ("test", spec.n_test))}
+    arrays = {
+        split: _synthetic_split(spec, split, n)
+        for split, n in (("train", spec.n_train), ("val", spec.n_val), ("test", spec.n_test))
+    }
     channels = spec.channels or 3
     images = torch.from_numpy(np.concatenate([a[0] for a in arrays.values()])).float() / 255.0
     n_train = spec.n_train
     x, mean, std = _normalised(images, spec.size, channels, torch.arange(n_train))
     splits, start = [], 0
     for _, (_, y) in arrays.items():
-        splits.append(TensorSplit(x[start:start + len(y)], torch.from_numpy(y)))
+        splits.append(TensorSplit(x[start : start + len(y)], torch.from_numpy(y)))
         start += len(y)
     return ClassificationData(*splits, len(CLASSES), channels, spec.size, CLASSES, "synthetic", mean, std)
 
 
 def _synthetic_split(spec: DatasetSpec, split: str, n: int) -> tuple[np.ndarray, np.ndarray]:
     """Generate a split at its native 32 px, or reuse the cached copy (written atomically, keyed by its arguments)."""
-    from .synthetic import GENERATOR_VERSION, make_synthetic
+    from prunefx.data.synthetic import GENERATOR_VERSION, make_synthetic
 
     args = {"n": n, "seed": spec.seed, "split": split, "overlap": spec.overlap, "size": 32}
     path = None
     if spec.cache:
-        key = hashlib.sha256(json.dumps({**args, "version": GENERATOR_VERSION}, sort_keys=True).encode()).hexdigest()[:12]
+        key = hashlib.sha256(json.dumps({**args, "version": GENERATOR_VERSION}, sort_keys=True).encode()).hexdigest()[
+            :12
+        ]
         path = Path(spec.cache) / f"synthetic-{split}-{key}.npz"
         if path.is_file():
             try:
@@ -255,11 +281,15 @@ def _synthetic_split(spec: DatasetSpec, split: str, n: int) -> tuple[np.ndarray,
 
 def _layout(name: str) -> str:
     if name == "imagefolder":
-        return ("an ImageFolder root holds train/<class>/*.jpg and val/<class>/*.jpg (and optionally test/); "
-                "put the images there")
+        return (
+            "an ImageFolder root holds train/<class>/*.jpg and val/<class>/*.jpg (and optionally test/); "
+            "put the images there"
+        )
     folder = "cifar-10-batches-py" if name == "cifar10" else "cifar-100-python"
-    return (f"root must be the directory that contains {folder}/ (the python version of the dataset, extracted); "
-            "prunefx never downloads it")
+    return (
+        f"root must be the directory that contains {folder}/ (the python version of the dataset, extracted); "
+        "prunefx never downloads it"
+    )
 
 
 def _from_disk(spec: DatasetSpec) -> ClassificationData:
@@ -270,8 +300,9 @@ def _from_disk(spec: DatasetSpec) -> ClassificationData:
     mean, std = _STATS[spec.name]
     if channels == 1:
         mean, std = (sum(mean) / 3,), (sum(std) / 3,)
-    steps = [T.Resize(size), T.CenterCrop(size)] if spec.name == "imagefolder" else (
-        [T.Resize(size)] if size != 32 else [])
+    steps = (
+        [T.Resize(size), T.CenterCrop(size)] if spec.name == "imagefolder" else ([T.Resize(size)] if size != 32 else [])
+    )
     if channels == 1:
         steps.append(T.Grayscale(1))
     transform = T.Compose([*steps, T.ToTensor(), T.Normalize(mean, std)])
@@ -280,14 +311,22 @@ def _from_disk(spec: DatasetSpec) -> ClassificationData:
         if spec.name == "imagefolder":
             missing = [s for s in ("train", "val") if not (root / s).is_dir()]
             if missing:
-                raise DatasetError(f"ImageFolder root {root} lacks {' and '.join(m + '/' for m in missing)}; {_layout('imagefolder')}")
+                raise DatasetError(
+                    f"ImageFolder root {root} lacks {' and '.join(m + '/' for m in missing)}; {_layout('imagefolder')}"
+                )
             train = torchvision.datasets.ImageFolder(str(root / "train"), transform=transform)
             val = torchvision.datasets.ImageFolder(str(root / "val"), transform=transform)
-            test = torchvision.datasets.ImageFolder(str(root / "test"), transform=transform) if (root / "test").is_dir() else val
+            test = (
+                torchvision.datasets.ImageFolder(str(root / "test"), transform=transform)
+                if (root / "test").is_dir()
+                else val
+            )
             for name, split in (("val", val), ("test", test)):
                 if split.classes != train.classes:
-                    raise DatasetError(f"ImageFolder {root}: {name}/ has classes {split.classes[:5]}... but train/ has "
-                                       f"{train.classes[:5]}...; every split needs the same class folders")
+                    raise DatasetError(
+                        f"ImageFolder {root}: {name}/ has classes {split.classes[:5]}... but train/ has "
+                        f"{train.classes[:5]}...; every split needs the same class folders"
+                    )
             classes = tuple(train.classes)
         else:
             cls = torchvision.datasets.CIFAR10 if spec.name == "cifar10" else torchvision.datasets.CIFAR100
@@ -300,7 +339,9 @@ def _from_disk(spec: DatasetSpec) -> ClassificationData:
         raise
     except (RuntimeError, FileNotFoundError, OSError) as exc:  # torchvision: "Dataset not found or corrupted"
         raise DatasetError(f"cannot read {spec.name} at {root} ({exc}); {_layout(spec.name)}") from exc
-    return ClassificationData(train, val, test, len(classes), channels, size, classes, spec.name, tuple(mean), tuple(std))
+    return ClassificationData(
+        train, val, test, len(classes), channels, size, classes, spec.name, tuple(mean), tuple(std)
+    )
 
 
 __all__ = ["NAMES", "ClassificationData", "DatasetError", "DatasetSpec", "TensorSplit", "load_dataset"]

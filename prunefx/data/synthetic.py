@@ -46,9 +46,11 @@ def make_synthetic(n: int, *, size: int = 32, seed: int = 0, split: str = "train
     return images, labels.astype(np.int64)
 
 
-def _draw(rng: np.random.Generator, y: np.ndarray, s: int, overlap: float, noise: float, distractors: int) -> np.ndarray:
+def _draw(
+    rng: np.random.Generator, y: np.ndarray, s: int, overlap: float, noise: float, distractors: int
+) -> np.ndarray:
     n = len(y)
-    grid = (np.arange(s, dtype=np.float32) + 0.5)
+    grid = np.arange(s, dtype=np.float32) + 0.5
     yy, xx = grid[None, :, None], grid[None, None, :]  # broadcast to (n, s, s)
 
     def col(v: np.ndarray) -> np.ndarray:
@@ -68,7 +70,7 @@ def _draw(rng: np.random.Generator, y: np.ndarray, s: int, overlap: float, noise
         r = rng.uniform(0.05, 0.11, n) * s
         square = rng.random(n) < 0.5
         dx, dy = np.abs(xx - col(cx)), np.abs(yy - col(cy))
-        dist = np.where(col(square), np.maximum(dx, dy), np.sqrt(dx ** 2 + dy ** 2)) - col(r)
+        dist = np.where(col(square), np.maximum(dx, dy), np.sqrt(dx**2 + dy**2)) - col(r)
         m = np.clip(0.5 - dist, 0, 1)[:, None]
         img = img * (1 - m) + rng.uniform(0, 1, (n, 3, 1, 1)).astype(np.float32) * m
 
@@ -85,8 +87,9 @@ def _draw(rng: np.random.Generator, y: np.ndarray, s: int, overlap: float, noise
     theta = np.radians(np.asarray(ORIENTATIONS)[group] + rng.normal(0, overlap, n))
     period = rng.uniform(3.0, 5.0, n)
     phase = rng.uniform(0, 2 * math.pi, n)
-    wave = 0.5 + 0.5 * np.sin(2 * math.pi * (xx * col(np.cos(theta)) + yy * col(np.sin(theta))) / col(period)
-                              + col(phase))
+    wave = 0.5 + 0.5 * np.sin(
+        2 * math.pi * (xx * col(np.cos(theta)) + yy * col(np.sin(theta))) / col(period) + col(phase)
+    )
     color = _saturated(rng, n)
     obj = color[:, :, None, None] * (0.3 + 0.7 * wave[:, None])
     img = img * (1 - mask) + obj * mask
@@ -96,8 +99,11 @@ def _draw(rng: np.random.Generator, y: np.ndarray, s: int, overlap: float, noise
 
 def _shape_distance(shape: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
     """Approximate signed distance (in object radii, < 0 inside) of every pixel to each image's shape."""
-    radius = np.sqrt(u ** 2 + v ** 2)
-    k = [np.cos(a) * u + np.sin(a) * v for a in (math.pi / 2, math.pi / 2 + 2 * math.pi / 3, math.pi / 2 + 4 * math.pi / 3)]
+    radius = np.sqrt(u**2 + v**2)
+    k = [
+        np.cos(a) * u + np.sin(a) * v
+        for a in (math.pi / 2, math.pi / 2 + 2 * math.pi / 3, math.pi / 2 + 4 * math.pi / 3)
+    ]
     d = {
         0: radius - 0.85,  # disk
         1: np.maximum(np.abs(u), np.abs(v)) - 0.7,  # square

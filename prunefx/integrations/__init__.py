@@ -1,1 +1,8 @@
-"""Glue for third-party frameworks (ultralytics)."""
+"""Integrations: plugins for third-party libraries, imported by :func:`prunefx._plugins.activate` only once the
+library itself is imported. Each registers its op rules, leaves, fixers and free outputs through the public
+registries; the core never imports this package's modules."""
+
+from prunefx._plugins import register_plugin
+
+register_plugin("torchvision", "prunefx.integrations.torchvision")
+register_plugin("ultralytics", "prunefx.integrations.ultralytics.plugin")

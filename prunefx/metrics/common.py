@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map_only
 
-from ..errors import PrunefxError
+from prunefx.errors import PrunefxError
 
 
 class MetricsError(PrunefxError, ValueError):

@@ -32,9 +32,8 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
-from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
-from .common import MetricsError, as_args, check_model, input_shapes, meta_forward, rejected, untouched
+from prunefx.metrics.common import MetricsError, as_args, check_model, input_shapes, meta_forward, rejected, untouched
 
 aten = torch.ops.aten
 
@@ -99,6 +98,8 @@ _NORM_FORMULAS: dict[Any, Callable[..., int]] = {
 def _cpu_sdpa(query: Any, key: Any, value: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
     # The CPU flash kernel is missing from FlopCounterMode's registry, so on real CPU tensors
     # attention would count as zero; it computes the same QK^T and AV products as the CUDA kernels.
+    from torch.utils.flop_counter import sdpa_flop_count
+
     return sdpa_flop_count(query, key, value)
 
 
@@ -185,7 +186,10 @@ def _is_free(op: Any) -> bool:
     return op in _FREE_OPS or any(o.is_view for o in (getattr(op, n) for n in op.overloads()))
 
 
-def _count(model: nn.Module, run: Callable[[], Any]) -> tuple[FlopCounterMode, set[Any]]:
+def _count(model: nn.Module, run: Callable[[], Any]) -> tuple[Any, set[Any]]:
+    # Imported here: torch.utils.flop_counter pulls in triton (~1 s), which `import prunefx` should not pay.
+    from torch.utils.flop_counter import FlopCounterMode
+
     counter = FlopCounterMode(display=False, custom_mapping={**_NORM_FORMULAS, **_ATTENTION_FORMULAS})
     recorder = _OpRecorder()
     # The recorder is entered first so it sits below the counter: it sees the ops the counter
@@ -254,7 +258,7 @@ def measure(
     if result is None:
         try:
             result = _count(model, lambda: model(*args)), _device_of(model, args)
-        except Exception as exc:  # noqa: BLE001 - any failure of the user's forward is a bad-input error
+        except Exception as exc:  # any failure of the user's forward is a bad-input error
             raise rejected(exc, args) from exc
     (counter, seen), ran_on = result
     counts = counter.get_flop_counts()

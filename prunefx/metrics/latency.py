@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map_only
 
-from .common import MetricsError, as_args, batch_size, check_model, rejected, untouched
+from prunefx.metrics.common import MetricsError, as_args, batch_size, check_model, rejected, untouched
 
 CONVENTION = (
     "wall-clock per forward (eval, no_grad, garbage collection paused) after warmup; median with "
@@ -114,7 +114,7 @@ def latency(
                 runner(*args)
                 sync()
                 samples.append((time.perf_counter() - start) * 1e3)
-    except Exception as exc:  # noqa: BLE001 - any failure of the forward is a bad-input error
+    except Exception as exc:  # any failure of the forward is a bad-input error
         raise rejected(exc, args) from exc
     finally:
         if gc_was_enabled:

@@ -12,8 +12,8 @@ import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from .config import ConfigError, PruneSpec, apply_overrides, load_config
-from .rundir import RunDir
+from prunefx.pipeline.config import ConfigError, PruneSpec, apply_overrides, load_config
+from prunefx.pipeline.rundir import RunDir
 
 
 def is_config(path: str | os.PathLike[str]) -> bool:
@@ -34,13 +34,13 @@ def run_config(path: str | os.PathLike[str], overrides: Sequence[str] = (), *,
                log: Callable[[str], None] = print) -> RunDir:
     """Load, validate and run the pipeline config at ``path``; returns the finished run directory."""
     config = load_config(path, overrides)
-    from .classify_model import is_classifier_spec
+    from prunefx.pipeline.classify_model import is_classifier_spec
 
     if is_classifier_spec(config.get("model")):  # torchvision:NAME or package.module:factory
-        from .classify import ClassifyJob, run_classify
+        from prunefx.pipeline.classify import ClassifyJob, run_classify
 
         return run_classify(ClassifyJob.from_config(config, config_name=Path(path).stem), log=log)
-    from .yolo import YoloJob, run_yolo
+    from prunefx.pipeline.yolo import YoloJob, run_yolo
 
     job = YoloJob.from_config(config, config_name=Path(path).stem)
     return run_yolo(job, log=log)

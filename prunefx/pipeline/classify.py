@@ -30,17 +30,33 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..data.classification import ClassificationData, DatasetSpec, load_dataset
-from ..errors import PrunefxError
-from ..fileio import atomic_write
-from ..train.distributed import (LOCAL, DistContext, DistributedError, init_from_env, launched_by_torchrun,
-                                 resolve_device, shutdown, spawn)
-from ..train.loop import SparsityConfig, TrainConfig, evaluate, fit
-from .classify_model import (arch_signature, check_classifier, classifier_factory, is_classifier_spec, load_weights,
-                             read_state_dict, save_weights, takes_in_channels)
-from .config import ConfigError, PruneSpec, check_keys, load_config
-from .rundir import RunDir
-from .stages import check_pruned, prune_source
+from prunefx._io import atomic_write
+from prunefx.data.classification import ClassificationData, DatasetSpec, load_dataset
+from prunefx.errors import PrunefxError
+from prunefx.pipeline.classify_model import (
+    arch_signature,
+    check_classifier,
+    classifier_factory,
+    is_classifier_spec,
+    load_weights,
+    read_state_dict,
+    save_weights,
+    takes_in_channels,
+)
+from prunefx.pipeline.config import ConfigError, PruneSpec, check_keys, load_config
+from prunefx.pipeline.rundir import RunDir
+from prunefx.pipeline.stages import check_pruned, prune_source
+from prunefx.train.distributed import (
+    LOCAL,
+    DistContext,
+    DistributedError,
+    init_from_env,
+    launched_by_torchrun,
+    resolve_device,
+    shutdown,
+    spawn,
+)
+from prunefx.train.loop import SparsityConfig, TrainConfig, evaluate, fit
 
 STAGES = ("baseline", "sparsity", "prune", "finetune", "report")
 RUN_KEYS = ("project", "name", "exist_ok", "resume")
@@ -79,8 +95,10 @@ class ClassifyJob:
                               "use task: classify (or an ultralytics model for other tasks)")
         model = config.get("model")
         if not is_classifier_spec(model):
-            raise ConfigError(f"model {model!r} is not a classifier SPEC; give torchvision:NAME (e.g. torchvision:resnet18) "
-                              "or package.module:factory (e.g. prunefx.models_zoo:bn_cnn)")
+            raise ConfigError(
+                f"model {model!r} is not a classifier SPEC; give torchvision:NAME (e.g. torchvision:resnet18) "
+                "or package.module:factory (e.g. prunefx.zoo:bn_cnn)"
+            )
         block = config.get("dataset") or {}
         if not isinstance(block, dict):
             raise ConfigError(f"dataset must be a block of keys (name, root, image_size, ...), got {block!r}")
@@ -90,7 +108,9 @@ class ClassifyJob:
             if dataset.channels is None:  # the data's own channels when the model can take them, else RGB
                 dataset = replace(dataset, channels=dataset.native_channels if takes_in_channels(model) else 3)
             num_classes = dataset.num_classes()
-            train = TrainConfig.from_dict({k: v for k, v in config.items() if k in TrainConfig.keys() and v is not None})
+            train = TrainConfig.from_dict(
+                {k: v for k, v in config.items() if k in TrainConfig.keys() and v is not None}
+            )
             spec = PruneSpec.parse(config.get("prune"), train_keys=set(TrainConfig.keys()) - {"epochs"})
             train.updated(spec.sparsity.overrides, "prune.sparsity.")  # fails now, not after the baseline
             train.updated(spec.finetune.overrides, "prune.finetune.")
@@ -102,8 +122,10 @@ class ClassifyJob:
         if checkpoint is not None and not isinstance(checkpoint, str):
             raise ConfigError(f"checkpoint must be the path of a weights file, got {checkpoint!r}")
         if train.epochs == 0 and checkpoint is None:
-            raise ConfigError("epochs is 0 and no checkpoint is given: the baseline would be untrained; set epochs "
-                              "or checkpoint=path/to/weights.pt")
+            raise ConfigError(
+                "epochs is 0 and no checkpoint is given: the baseline would be untrained; set epochs "
+                "or checkpoint=path/to/weights.pt"
+            )
         if config.get("eval_split", "test") not in ("test", "val"):
             raise ConfigError(f"eval_split must be test or val, got {config['eval_split']!r}")
         nproc, threads = config.get("nproc", 1), config.get("threads")
@@ -118,11 +140,24 @@ class ClassifyJob:
             resolve_device(device)
         except DistributedError as exc:
             raise ConfigError(str(exc)) from exc
-        job = cls(model=model, dataset=dataset, num_classes=num_classes, train=train, prune=spec,
-                  project=Path(config.get("project") or "runs/prune"), name=str(config.get("name") or config_name),
-                  checkpoint=checkpoint, eval_split=config.get("eval_split", "test"), resume=bool(config.get("resume")),
-                  exist_ok=bool(config.get("exist_ok")), nproc=nproc, device=device, threads=threads,
-                  dist_timeout=float(config.get("dist_timeout", 1800.0)), config=dict(config))
+        job = cls(
+            model=model,
+            dataset=dataset,
+            num_classes=num_classes,
+            train=train,
+            prune=spec,
+            project=Path(config.get("project") or "runs/prune"),
+            name=str(config.get("name") or config_name),
+            checkpoint=checkpoint,
+            eval_split=config.get("eval_split", "test"),
+            resume=bool(config.get("resume")),
+            exist_ok=bool(config.get("exist_ok")),
+            nproc=nproc,
+            device=device,
+            threads=threads,
+            dist_timeout=float(config.get("dist_timeout", 1800.0)),
+            config=dict(config),
+        )
         job.check_inputs()
         return job
 
@@ -169,8 +204,10 @@ def run_classify(job: ClassifyJob, *, log: Callable[[str], None] = print) -> Run
             run.state["status"] = "failed"
             run.state["error"] = {"stage": stage, "type": "DistributedError", "message": str(exc)}
             atomic_write(run.root / "state.json", json.dumps(run.state, indent=2, default=str).encode())
-        log(f"finished stages are kept in {run.root}; fix the cause and continue with the same config plus: "
-            f"resume=true name={run.root.name} project={run.root.parent}")
+        log(
+            f"finished stages are kept in {run.root}; fix the cause and continue with the same config plus: "
+            f"resume=true name={run.root.name} project={run.root.parent}"
+        )
         raise
     return _reload(run.root)
 
@@ -220,7 +257,7 @@ class _Ctx:
 
     def load_pruned(self, path: Path) -> tuple[nn.Module, dict[str, Any]]:
         """The pruned model in every rank: rank 0 sends the checkpoint's bytes; each rank re-applies its plan."""
-        from .. import load as load_pruned
+        from prunefx import load as load_pruned
 
         blob = self.dist.broadcast(path.read_bytes() if self.dist.is_main else None)
         with tempfile.TemporaryDirectory() as tmp:
@@ -236,9 +273,12 @@ class _Ctx:
     def evaluate(self, model: nn.Module, name: str, dist: DistContext | None = None) -> dict[str, float]:
         dist = dist or self.dist
         split = getattr(self.data, self.job.eval_split)
-        m = evaluate(model.to(dist.device), split, batch=self.job.train.eval_batch, dist=dist,
-                     workers=self.job.train.workers)
-        self.log(f"  {name}: top-1 {m.top1:.4f}, top-5 {m.top5:.4f}, loss {m.loss:.4f} ({m.n} {self.job.eval_split} images)")
+        m = evaluate(
+            model.to(dist.device), split, batch=self.job.train.eval_batch, dist=dist, workers=self.job.train.workers
+        )
+        self.log(
+            f"  {name}: top-1 {m.top1:.4f}, top-5 {m.top5:.4f}, loss {m.loss:.4f} ({m.n} {self.job.eval_split} images)"
+        )
         return {"top1": m.top1, "top5": m.top5, "loss": m.loss}
 
 
@@ -255,8 +295,13 @@ def _run_rank(job: ClassifyJob, dist: DistContext, run: RunDir | None, log: Call
     data = load_dataset(job.dataset)
     log(f"data: {data.summary()}")
     ctx = _Ctx(job, run, root, data, dist, log)
-    stages = (("baseline", _baseline, True), ("sparsity", _sparsity, True), ("prune", _prune, False),
-              ("finetune", _finetune, True), ("report", _report, False))  # looked up now: tests patch them
+    stages = (
+        ("baseline", _baseline, True),
+        ("sparsity", _sparsity, True),
+        ("prune", _prune, False),
+        ("finetune", _finetune, True),
+        ("report", _report, False),
+    )  # looked up now: tests patch them
     for i, (name, fn, every_rank) in enumerate(stages, 1):
         if name in done:
             log(f"[{i}/{len(stages)}] {name}: done earlier, skipped")
@@ -267,8 +312,10 @@ def _run_rank(job: ClassifyJob, dist: DistContext, run: RunDir | None, log: Call
                 with run.stage(name) as info:
                     fn(ctx, info)
             except BaseException:
-                log(f"stopped in stage {name!r}; finished stages are kept in {root}. Fix the cause and continue with "
-                    f"the same config plus: resume=true name={root.name} project={root.parent}")
+                log(
+                    f"stopped in stage {name!r}; finished stages are kept in {root}. Fix the cause and continue with "
+                    f"the same config plus: resume=true name={root.name} project={root.parent}"
+                )
                 raise
             log(f"[{i}/{len(stages)}] {name} finished in {info['seconds']:.0f} s")
         elif every_rank:
@@ -293,8 +340,15 @@ def _baseline(ctx: _Ctx, info: dict[str, Any]) -> None:
         info["source"] = f"checkpoint {job.checkpoint}"
     else:
         model = ctx.fresh()
-        result = fit(model, ctx.data.train, job.train, val=ctx.data.val, dist=ctx.dist,
-                     checkpoint=ctx.weights / "baseline_last.pt", log=ctx.log)
+        result = fit(
+            model,
+            ctx.data.train,
+            job.train,
+            val=ctx.data.val,
+            dist=ctx.dist,
+            checkpoint=ctx.weights / "baseline_last.pt",
+            log=ctx.log,
+        )
         info["source"] = f"trained from scratch for {job.train.epochs} epochs"
         info["history"] = list(result.history)
     if ctx.dist.is_main:
@@ -311,15 +365,27 @@ def _sparsity(ctx: _Ctx, info: dict[str, Any]) -> None:
     model = ctx.fresh() if sp.start == "scratch" else ctx.load_unpruned(ctx.weights / "baseline.pt")
     exclude = list(sp.exclude)
     if sp.exclude_residual:
-        from .. import analyze
-        from ..train.sparsity import residual_bns
+        from prunefx import analyze
+        from prunefx.train.sparsity import residual_bns
 
         exclude += residual_bns(analyze(model, (ctx.job.example(),)))
-    cfg = SparsityConfig(s=sp.s, target=sp.target if sp.schedule == "target" else None, threshold=sp.threshold,
-                         select=sp.target if sp.selective else None,
-                         exclude=tuple(exclude))
-    result = fit(model, ctx.data.train, ctx.recipe(sp.overrides, sp.epochs, "prune.sparsity."), val=ctx.data.val,
-                 dist=ctx.dist, checkpoint=ctx.weights / "sparsity_last.pt", sparsity=cfg, log=ctx.log)
+    cfg = SparsityConfig(
+        s=sp.s,
+        target=sp.target if sp.schedule == "target" else None,
+        threshold=sp.threshold,
+        select=sp.target if sp.selective else None,
+        exclude=tuple(exclude),
+    )
+    result = fit(
+        model,
+        ctx.data.train,
+        ctx.recipe(sp.overrides, sp.epochs, "prune.sparsity."),
+        val=ctx.data.val,
+        dist=ctx.dist,
+        checkpoint=ctx.weights / "sparsity_last.pt",
+        sparsity=cfg,
+        log=ctx.log,
+    )
     if ctx.dist.is_main:
         # The last epoch, not the best: sparsity grows over training and the best accuracy is usually early.
         save_weights(model, ctx.weights / "sparse.pt", model_spec=ctx.job.model, num_classes=ctx.job.num_classes)
@@ -329,7 +395,7 @@ def _sparsity(ctx: _Ctx, info: dict[str, Any]) -> None:
 
 
 def _prune(ctx: _Ctx, info: dict[str, Any]) -> None:
-    from .. import prune, save
+    from prunefx import prune, save
 
     spec, run = ctx.job.prune, ctx.run
     source = prune_source(run, ctx.weights)
@@ -339,9 +405,16 @@ def _prune(ctx: _Ctx, info: dict[str, Any]) -> None:
     if spec.criterion == "taylor":  # gradients of the loss on a few labelled training batches
         items = [ctx.data.train[i] for i in range(min(256, len(ctx.data.train)))]
         images, labels = torch.stack([im for im, _ in items]), torch.as_tensor([int(lb) for _, lb in items])
-        kwargs = {"calibration": list(zip(images.split(64), labels.split(64))), "loss_fn": F.cross_entropy}
-    result = prune(model, (x,), spec.plan_config(), criterion=spec.criterion, check=spec.verify,
-                   bias_compensation=spec.bias_compensation, **kwargs)
+        kwargs = {"calibration": list(zip(images.split(64), labels.split(64), strict=True)), "loss_fn": F.cross_entropy}
+    result = prune(
+        model,
+        (x,),
+        spec.plan_config(),
+        criterion=spec.criterion,
+        check=spec.verify,
+        bias_compensation=spec.bias_compensation,
+        **kwargs,
+    )
     info.update(check_pruned(result, spec, source))
     atomic_write(ctx.root / "plan.json", result.plan.to_json().encode())
     save(model, result.plan, ctx.weights / "pruned.pt")
@@ -353,8 +426,8 @@ def _prune(ctx: _Ctx, info: dict[str, Any]) -> None:
 
 
 def _finetune(ctx: _Ctx, info: dict[str, Any]) -> None:
-    from .. import save
-    from ..plan import PruningPlan
+    from prunefx import save
+    from prunefx.plan import PruningPlan
 
     ft = ctx.job.prune.finetune
     if ft.epochs == 0:
@@ -366,14 +439,25 @@ def _finetune(ctx: _Ctx, info: dict[str, Any]) -> None:
     if any(s != signature for s in everyone):  # every rank sees the same list, so all of them raise
         bad = [r for r, s in enumerate(everyone) if s != everyone[0]]
         raise DistributedError(f"ranks {bad} rebuilt a different pruned architecture than rank 0 from pruned.pt")
-    result = fit(model, ctx.data.train, ctx.recipe(ft.overrides, ft.epochs, "prune.finetune."), val=ctx.data.val,
-                 dist=ctx.dist, checkpoint=ctx.weights / "finetune_last.pt", log=ctx.log)
+    result = fit(
+        model,
+        ctx.data.train,
+        ctx.recipe(ft.overrides, ft.epochs, "prune.finetune."),
+        val=ctx.data.val,
+        dist=ctx.dist,
+        checkpoint=ctx.weights / "finetune_last.pt",
+        log=ctx.log,
+    )
     if ctx.dist.is_main:
         save(model, PruningPlan.from_dict(plan), ctx.weights / "finetuned.pt")
     # What each rank trained, as rank 0 gathered it: the architecture (a digest of every tensor's name and shape)
     # and the parameter count, so state.json shows that every rank fine-tuned the same pruned model.
-    info["ranks"] = [{"rank": r, "arch": digest, "params": n} for r, (digest, n) in
-                     enumerate(ctx.dist.all_gather((_digest(signature), sum(p.numel() for p in model.parameters()))))]
+    info["ranks"] = [
+        {"rank": r, "arch": digest, "params": n}
+        for r, (digest, n) in enumerate(
+            ctx.dist.all_gather((_digest(signature), sum(p.numel() for p in model.parameters())))
+        )
+    ]
     info["history"] = list(result.history)
     info["metrics"] = ctx.evaluate(model, "finetuned")
 
@@ -385,9 +469,9 @@ def _digest(signature: list[tuple[str, tuple[int, ...]]]) -> str:
 
 
 def _report(ctx: _Ctx, info: dict[str, Any]) -> None:
-    from .. import load
-    from ..metrics import latency, measure
-    from ..report import Stage, build_report, write_report
+    from prunefx import load
+    from prunefx.metrics import latency, measure
+    from prunefx.report import Stage, build_report, write_report
 
     job, run = ctx.job, ctx.run
     x = job.example()
@@ -397,22 +481,35 @@ def _report(ctx: _Ctx, info: dict[str, Any]) -> None:
         return Stage(measure(model, (x,)), latency(model, (x,)) if job.prune.latency else None, dict(metrics))
 
     baseline = load_weights(job.factory()(), ctx.weights / "baseline.pt", job.model)
-    stages = {"baseline": stage(baseline, run.done("baseline")["metrics"]),
-              "pruned": stage(load(ctx.weights / "pruned.pt", job.factory()), run.done("prune")["metrics"])}
+    stages = {
+        "baseline": stage(baseline, run.done("baseline")["metrics"]),
+        "pruned": stage(load(ctx.weights / "pruned.pt", job.factory()), run.done("prune")["metrics"]),
+    }
     if not run.done("finetune").get("skipped"):
         stages["finetuned"] = stage(load(ctx.weights / "finetuned.pt", job.factory()), run.done("finetune")["metrics"])
     pr = run.done("prune")
     split = getattr(ctx.data, job.eval_split)
-    settings = {"config": dict(job.config), "dataset": ctx.data.summary(), "criterion": job.prune.criterion,
-                "target": job.prune.target, "verify": pr["verify"], "pruned_from": pr["source"],
-                "world_size": ctx.dist.world_size,
-                "stage_seconds": {k: v.get("seconds") for k, v in run.state["stages"].items()},
-                "sparsity": {"metrics": run.done("sparsity").get("metrics"), "gammas": run.done("sparsity").get("gammas")},
-                "metrics_by": f"top-1/top-5 on the {job.eval_split} split ({len(split)} images, one centred view, no "
-                              f"augmentation); MACs at batch 1, {job.dataset.channels}x{job.dataset.size}x{job.dataset.size}"}
-    report = build_report(model=job.model, baseline=stages["baseline"], pruned=stages["pruned"],
-                          finetuned=stages.get("finetuned"),
-                          widths=[(w["name"], w["before"], w["after"]) for w in pr["widths"]], settings=settings)
+    settings = {
+        "config": dict(job.config),
+        "dataset": ctx.data.summary(),
+        "criterion": job.prune.criterion,
+        "target": job.prune.target,
+        "verify": pr["verify"],
+        "pruned_from": pr["source"],
+        "world_size": ctx.dist.world_size,
+        "stage_seconds": {k: v.get("seconds") for k, v in run.state["stages"].items()},
+        "sparsity": {"metrics": run.done("sparsity").get("metrics"), "gammas": run.done("sparsity").get("gammas")},
+        "metrics_by": f"top-1/top-5 on the {job.eval_split} split ({len(split)} images, one centred view, no "
+        f"augmentation); MACs at batch 1, {job.dataset.channels}x{job.dataset.size}x{job.dataset.size}",
+    }
+    report = build_report(
+        model=job.model,
+        baseline=stages["baseline"],
+        pruned=stages["pruned"],
+        finetuned=stages.get("finetuned"),
+        widths=[(w["name"], w["before"], w["after"]) for w in pr["widths"]],
+        settings=settings,
+    )
     write_report(ctx.root, report)
     info["macs_kept"] = report["stages"]["pruned"]["macs"] / report["stages"]["baseline"]["macs"]
     info["files"] = sorted(p.name for p in ctx.root.iterdir() if p.is_file())

@@ -23,9 +23,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..checkpoint import FORMAT as PRUNED_FORMAT
-from ..fileio import atomic_torch_save
-from .config import ConfigError
+from prunefx._io import atomic_torch_save
+from prunefx.checkpoint import FORMAT as PRUNED_FORMAT
+from prunefx.pipeline.config import ConfigError
 
 WEIGHTS_FORMAT = "prunefx.weights/1"
 
@@ -54,8 +54,11 @@ def classifier_factory(spec: str, *, num_classes: int, in_channels: int) -> Call
         known = models.list_models(module=models)  # image classifiers only
         if name not in known:
             close = difflib.get_close_matches(name, known, n=3)
-            raise ConfigError(f"unknown torchvision classifier {name!r}" + (f" (did you mean {', '.join(close)}?)" if close
-                              else "") + "; torchvision.models.list_models(module=torchvision.models) lists them")
+            raise ConfigError(
+                f"unknown torchvision classifier {name!r}"
+                + (f" (did you mean {', '.join(close)}?)" if close else "")
+                + "; torchvision.models.list_models(module=torchvision.models) lists them"
+            )
         if in_channels != 3:
             raise ConfigError(f"torchvision:{name} takes 3-channel images; set dataset.channels: 3")
         return functools.partial(models.get_model, name, weights=None, num_classes=num_classes)
@@ -78,15 +81,19 @@ def _resolve_factory(spec: str) -> Callable[..., Any]:
     try:
         obj: Any = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        raise ConfigError(f"unknown model {spec!r}: no module named {exc.name!r}; give torchvision:NAME or "
-                          "package.module:factory importable from here (e.g. prunefx.models_zoo:bn_cnn)") from exc
-    except Exception as exc:  # noqa: BLE001 - the user's module raised while importing
+        raise ConfigError(
+            f"unknown model {spec!r}: no module named {exc.name!r}; give torchvision:NAME or "
+            "package.module:factory importable from here (e.g. prunefx.zoo:bn_cnn)"
+        ) from exc
+    except Exception as exc:  # the user's module raised while importing
         raise ConfigError(f"importing {module_name!r} for model {spec!r} failed: {type(exc).__name__}: {exc}") from exc
     for part in attr_path.split("."):
         if not hasattr(obj, part):
             close = difflib.get_close_matches(part, [n for n in dir(obj) if not n.startswith("_")], n=3)
-            raise ConfigError(f"unknown model {spec!r}: {getattr(obj, '__name__', obj)!s} has no {part!r}"
-                              + (f" (did you mean {', '.join(close)}?)" if close else ""))
+            raise ConfigError(
+                f"unknown model {spec!r}: {getattr(obj, '__name__', obj)!s} has no {part!r}"
+                + (f" (did you mean {', '.join(close)}?)" if close else "")
+            )
         obj = getattr(obj, part)
     if isinstance(obj, nn.Module) or not callable(obj):
         raise ConfigError(f"model {spec!r} is a {type(obj).__name__}; name a function that returns a new nn.Module")
@@ -96,7 +103,7 @@ def _resolve_factory(spec: str) -> Callable[..., Any]:
 def _call_factory(spec: str, fn: Callable[..., Any], kwargs: dict[str, Any]) -> nn.Module:
     try:
         model = fn(**kwargs)
-    except Exception as exc:  # noqa: BLE001 - the user's factory raised
+    except Exception as exc:  # the user's factory raised
         raise ConfigError(f"model factory {spec!r} raised {type(exc).__name__}: {exc}") from exc
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model factory {spec!r} returned a {type(model).__name__}, not an nn.Module")
@@ -108,13 +115,16 @@ def check_classifier(model: nn.Module, spec: str, example: torch.Tensor, num_cla
     try:
         with torch.no_grad():
             out = model.eval()(example)
-    except Exception as exc:  # noqa: BLE001 - any failure means the model and the data do not fit
-        raise ConfigError(f"model {spec!r} cannot take the dataset's images {tuple(example.shape)}: "
-                          f"{type(exc).__name__}: {exc}") from exc
+    except Exception as exc:  # any failure means the model and the data do not fit
+        raise ConfigError(
+            f"model {spec!r} cannot take the dataset's images {tuple(example.shape)}: {type(exc).__name__}: {exc}"
+        ) from exc
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != (example.shape[0], num_classes):
         shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise ConfigError(f"model {spec!r} outputs {shape}, but the dataset has {num_classes} classes; give the factory "
-                          "a num_classes argument (the pipeline passes it) or build it for this dataset")
+        raise ConfigError(
+            f"model {spec!r} outputs {shape}, but the dataset has {num_classes} classes; give the factory "
+            "a num_classes argument (the pipeline passes it) or build it for this dataset"
+        )
 
 
 def save_weights(model: nn.Module, path: str | os.PathLike[str], **meta: Any) -> Path:
@@ -129,18 +139,26 @@ def read_state_dict(path: str | os.PathLike[str]) -> Mapping[str, torch.Tensor]:
         raise ConfigError(f"checkpoint {path} not found; give the path of a state_dict .pt file on disk")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - truncated, foreign or pickled-class file
-        raise ConfigError(f"checkpoint {path} is not a readable weights file ({type(exc).__name__}: "
-                          f"{str(exc).splitlines()[0][:300]}); save it with torch.save(model.state_dict(), path)") from exc
+    except Exception as exc:  # truncated, foreign or pickled-class file
+        raise ConfigError(
+            f"checkpoint {path} is not a readable weights file ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0][:300]}); save it with torch.save(model.state_dict(), path)"
+        ) from exc
     if isinstance(payload, dict) and payload.get("format") == PRUNED_FORMAT:
-        raise ConfigError(f"checkpoint {path} is an already pruned model (prunefx.save); the pipeline starts from an "
-                          "unpruned model's weights; load it with prunefx.load(path, factory) from Python instead")
+        raise ConfigError(
+            f"checkpoint {path} is an already pruned model (prunefx.save); the pipeline starts from an "
+            "unpruned model's weights; load it with prunefx.load(path, factory) from Python instead"
+        )
     if isinstance(payload, dict):
         for key in ("state_dict", "model"):
             if isinstance(payload.get(key), Mapping):
                 payload = payload[key]
                 break
-    if not isinstance(payload, Mapping) or not payload or not all(isinstance(v, torch.Tensor) for v in payload.values()):
+    if (
+        not isinstance(payload, Mapping)
+        or not payload
+        or not all(isinstance(v, torch.Tensor) for v in payload.values())
+    ):
         raise ConfigError(f"checkpoint {path} holds no state_dict (a mapping of names to tensors)")
     return {str(k).removeprefix("module."): v for k, v in payload.items()}  # DDP-saved names
 
@@ -151,13 +169,21 @@ def load_weights(model: nn.Module, path: str | os.PathLike[str], spec: str = "th
     own = model.state_dict()
     missing = [k for k in own if k not in state]
     unexpected = [k for k in state if k not in own]
-    shapes = [f"{k} {tuple(state[k].shape)} vs {tuple(v.shape)}" for k, v in own.items()
-              if k in state and state[k].shape != v.shape]
+    shapes = [
+        f"{k} {tuple(state[k].shape)} vs {tuple(v.shape)}"
+        for k, v in own.items()
+        if k in state and state[k].shape != v.shape
+    ]
     if missing or unexpected or shapes:
-        parts = [f"{name}: {', '.join(items[:4])}{' ...' if len(items) > 4 else ''}"
-                 for name, items in (("missing", missing), ("unexpected", unexpected), ("shape mismatch", shapes)) if items]
-        raise ConfigError(f"checkpoint {path} does not match {spec} ({'; '.join(parts)}); give weights trained for this "
-                          "model and dataset (same num_classes and input channels), or drop checkpoint to train one")
+        parts = [
+            f"{name}: {', '.join(items[:4])}{' ...' if len(items) > 4 else ''}"
+            for name, items in (("missing", missing), ("unexpected", unexpected), ("shape mismatch", shapes))
+            if items
+        ]
+        raise ConfigError(
+            f"checkpoint {path} does not match {spec} ({'; '.join(parts)}); give weights trained for this "
+            "model and dataset (same num_classes and input channels), or drop checkpoint to train one"
+        )
     model.load_state_dict(state)
     return model
 
@@ -167,5 +193,14 @@ def arch_signature(model: nn.Module) -> list[tuple[str, tuple[int, ...]]]:
     return [(k, tuple(v.shape)) for k, v in model.state_dict().items()]
 
 
-__all__ = ["WEIGHTS_FORMAT", "arch_signature", "check_classifier", "classifier_factory", "is_classifier_spec",
-           "load_weights", "read_state_dict", "save_weights", "takes_in_channels"]
+__all__ = [
+    "WEIGHTS_FORMAT",
+    "arch_signature",
+    "check_classifier",
+    "classifier_factory",
+    "is_classifier_spec",
+    "load_weights",
+    "read_state_dict",
+    "save_weights",
+    "takes_in_channels",
+]

@@ -28,9 +28,9 @@ from typing import Any
 
 import yaml
 
-from ..errors import PrunefxError
-from ..importance import CRITERIA
-from ..plan import PlanConfig, PlanError
+from prunefx.errors import PrunefxError
+from prunefx.importance import CRITERIA
+from prunefx.plan import PlanConfig, PlanError
 
 
 class ConfigError(PrunefxError):
@@ -57,7 +57,7 @@ def load_config(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> 
 
 
 def apply_overrides(config: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
-    """A copy of ``config`` with each ``a.b.c=value`` applied; values are parsed as YAML (``3``, ``0.5``, ``[a, b]``)."""
+    """A copy of ``config`` with each ``a.b.c=value`` applied; values parse as YAML (``3``, ``0.5``, ``[a, b]``)."""
     out = copy.deepcopy(dict(config))
     for item in overrides:
         key, sep, text = item.partition("=")
@@ -94,8 +94,9 @@ def check_keys(given: Iterable[str], known: Iterable[str], where: str, *, what: 
     for k in bad:
         close = difflib.get_close_matches(str(k), known, n=1, cutoff=0.6)
         hints.append(f"{k!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-    raise ConfigError(f"unknown {what}{'s' if len(bad) > 1 else ''} in {where}: {', '.join(hints)}; "
-                      f"known {what}s: {', '.join(known)}")
+    raise ConfigError(
+        f"unknown {what}{'s' if len(bad) > 1 else ''} in {where}: {', '.join(hints)}; known {what}s: {', '.join(known)}"
+    )
 
 
 def _typed(value: Any, kind: type | tuple[type, ...], key: str) -> Any:
@@ -116,9 +117,18 @@ def _typed(value: Any, kind: type | tuple[type, ...], key: str) -> Any:
 
 def _names(kind: type | tuple[type, ...]) -> str:
     kinds = kind if isinstance(kind, tuple) else (kind,)
-    return " or ".join({"NoneType": "null", "str": "a string", "float": "a number", "int": "an integer",
-                        "bool": "true/false", "list": "a list", "tuple": "a list"}.get(k.__name__, k.__name__)
-                       for k in kinds)
+    return " or ".join(
+        {
+            "NoneType": "null",
+            "str": "a string",
+            "float": "a number",
+            "int": "an integer",
+            "bool": "true/false",
+            "list": "a list",
+            "tuple": "a list",
+        }.get(k.__name__, k.__name__)
+        for k in kinds
+    )
 
 
 @dataclass(frozen=True)
@@ -155,10 +165,17 @@ class SparsitySpec(TrainSpec):
         return {"epochs": self.epochs, **own, **self.overrides}
 
 
-_SPARSITY_OWN = {"s": float, "start": str, "schedule": str, "target": float, "threshold": float, "s_max": float,
-                 "selective": bool,
-                 "exclude_residual": bool,
-                 "exclude": list}
+_SPARSITY_OWN = {
+    "s": float,
+    "start": str,
+    "schedule": str,
+    "target": float,
+    "threshold": float,
+    "s_max": float,
+    "selective": bool,
+    "exclude_residual": bool,
+    "exclude": list,
+}
 
 
 @dataclass(frozen=True)
@@ -180,8 +197,17 @@ class PruneSpec:
     sparsity: SparsitySpec = SparsitySpec()
     finetune: TrainSpec = TrainSpec()
 
-    _SCALARS = {"criterion": str, "scope": str, "round_to": int, "min_channels": int, "max_ratio": float,
-                "ignore": list, "bias_compensation": (bool, type(None)), "verify": bool, "latency": bool}
+    _SCALARS = {
+        "criterion": str,
+        "scope": str,
+        "round_to": int,
+        "min_channels": int,
+        "max_ratio": float,
+        "ignore": list,
+        "bias_compensation": (bool, type(None)),
+        "verify": bool,
+        "latency": bool,
+    }
 
     @classmethod
     def parse(cls, block: Any, *, train_keys: Iterable[str]) -> PruneSpec:
@@ -203,10 +229,11 @@ class PruneSpec:
         if isinstance(target, (int, float)) and not isinstance(target, bool):
             target = {"flops": target}  # a bare number is the FLOPs fraction kept
         if not isinstance(target, dict) or len(target) != 1:
-            raise ConfigError(f"prune.target must name exactly one of ratio, flops, params (e.g. {{flops: 0.5}}), "
-                              f"got {target!r}")
+            raise ConfigError(
+                f"prune.target must name exactly one of ratio, flops, params (e.g. {{flops: 0.5}}), got {target!r}"
+            )
         check_keys(target, ("ratio", "flops", "params"), "prune.target")
-        (tkey, tval), = target.items()
+        ((tkey, tval),) = target.items()
         kw[tkey] = _typed(tval, float, f"prune.target.{tkey}")
         train_keys = set(train_keys)
         kw["sparsity"] = _parse_train(block.get("sparsity"), "prune.sparsity", train_keys, SparsitySpec, _SPARSITY_OWN)
@@ -225,9 +252,16 @@ class PruneSpec:
 
     def plan_config(self) -> PlanConfig:
         try:
-            return PlanConfig(ratio=self.ratio, flops=self.flops, params=self.params, scope=self.scope,
-                              round_to=self.round_to, min_channels=self.min_channels, max_ratio=self.max_ratio,
-                              ignore=self.ignore)
+            return PlanConfig(
+                ratio=self.ratio,
+                flops=self.flops,
+                params=self.params,
+                scope=self.scope,
+                round_to=self.round_to,
+                min_channels=self.min_channels,
+                max_ratio=self.max_ratio,
+                ignore=self.ignore,
+            )
         except PlanError as exc:
             raise ConfigError(f"prune: {exc}") from exc
 

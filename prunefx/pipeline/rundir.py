@@ -22,8 +22,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..fileio import atomic_write
-from .config import ConfigError, dump_config
+from prunefx._io import atomic_write
+from prunefx.pipeline.config import ConfigError, dump_config
 
 STATE = "state.json"
 CONFIG = "config.yaml"
@@ -76,10 +76,14 @@ class RunDir:
         saved = yaml.safe_load((root / CONFIG).read_text()) or {}
         changed = sorted(_diff(_strip(saved), _strip(config)))
         if changed:
-            raise RunError(f"cannot resume {root}: the config differs from the run's config.yaml in {', '.join(changed)}; "
-                           "resume with the same config and overrides, or start a new run")
+            raise RunError(
+                f"cannot resume {root}: the config differs from the run's config.yaml in {', '.join(changed)}; "
+                "resume with the same config and overrides, or start a new run"
+            )
         if state.get("status") == "complete":
-            raise RunError(f"{root} is already complete; nothing to resume (start a new run, or exist_ok=true to redo it)")
+            raise RunError(
+                f"{root} is already complete; nothing to resume (start a new run, or exist_ok=true to redo it)"
+            )
         state["status"] = "running"
         state["error"] = None
         run = cls(root, state)

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..api import PruneResult
-from ..errors import PrunefxError
-from .config import ConfigError, PruneSpec
-from .rundir import RunDir
+from prunefx.api import PruneResult
+from prunefx.errors import PrunefxError
+from prunefx.pipeline.config import ConfigError, PruneSpec
+from prunefx.pipeline.rundir import RunDir
 
 
 def prune_source(run: RunDir, weights: Path) -> Path:

@@ -23,11 +23,11 @@ import torch
 import yaml
 from torch import nn
 
-from ..errors import PrunefxError
-from ..fileio import atomic_write
-from .config import ConfigError, PruneSpec, check_keys
-from .rundir import RunDir
-from .stages import check_pruned, prune_source
+from prunefx._io import atomic_write
+from prunefx.errors import PrunefxError
+from prunefx.pipeline.config import ConfigError, PruneSpec, check_keys
+from prunefx.pipeline.rundir import RunDir
+from prunefx.pipeline.stages import check_pruned, prune_source
 
 # Top-level keys prunefx consumes itself: the run directory (project/name), and how to open it.
 RUN_KEYS = ("project", "name", "exist_ok", "resume")
@@ -61,7 +61,7 @@ class YoloJob:
     @classmethod
     def from_config(cls, config: Mapping[str, Any], *, config_name: str = "yolo") -> YoloJob:
         """Validate every key before any work starts; prunefx's keys never reach ultralytics."""
-        from ..integrations.ultralytics_env import setup_offline
+        from prunefx.integrations.ultralytics.env import setup_offline
 
         setup_offline()  # before the first ultralytics import: it fixes its online flag and config dir then
         known = ultralytics_keys()
@@ -79,20 +79,34 @@ class YoloJob:
             raise ConfigError("model is missing: give a model yaml (e.g. model=yolov8n.yaml) or a checkpoint .pt")
         data = config.get("data")
         if data is not None and not isinstance(data, str):
-            raise ConfigError(f"data must be the path of an ultralytics data yaml (or null for the embedded set), got {data!r}")
+            raise ConfigError(
+                f"data must be the path of an ultralytics data yaml (or null for the embedded set), got {data!r}"
+            )
         train = {k: v for k, v in config.items() if k not in ("prune", "model", "data", *RUN_KEYS) and v is not None}
         task = _model_task(model)
         if train.get("task", task) != task:
-            raise ConfigError(f"task={train['task']} but {model} is a {task} model; drop task= or give a {train['task']} model")
+            raise ConfigError(
+                f"task={train['task']} but {model} is a {task} model; drop task= or give a {train['task']} model"
+            )
         train["task"] = task
         if spec.sparsity.start == "scratch" and spec.sparsity.epochs and model.endswith(".pt"):
-            raise ConfigError(f"prune.sparsity.start=scratch trains from the model yaml, but model is the checkpoint "
-                              f"{model}; give its yaml (e.g. model=yolov8n.yaml) or use prune.sparsity.start=baseline")
+            raise ConfigError(
+                f"prune.sparsity.start=scratch trains from the model yaml, but model is the checkpoint "
+                f"{model}; give its yaml (e.g. model=yolov8n.yaml) or use prune.sparsity.start=baseline"
+            )
         _check_train_args(train)
-        job = cls(model=model, data=data, train=train, prune=spec,
-                  project=Path(config.get("project") or "runs/prune"), name=str(config.get("name") or config_name),
-                  resume=bool(config.get("resume")), exist_ok=bool(config.get("exist_ok")),
-                  synthetic={**SYNTHETIC_DEFAULTS, **synthetic}, config=dict(config))
+        job = cls(
+            model=model,
+            data=data,
+            train=train,
+            prune=spec,
+            project=Path(config.get("project") or "runs/prune"),
+            name=str(config.get("name") or config_name),
+            resume=bool(config.get("resume")),
+            exist_ok=bool(config.get("exist_ok")),
+            synthetic={**SYNTHETIC_DEFAULTS, **synthetic},
+            config=dict(config),
+        )
         job.check_inputs()
         return job
 
@@ -117,12 +131,14 @@ def _model_task(model: str) -> str:
     """The ultralytics task of a model yaml or checkpoint, which must resolve or load (never downloaded)."""
     from ultralytics.nn.tasks import guess_model_task, yaml_model_load
 
-    from ..integrations.ultralytics_train import load_yolo
+    from prunefx.integrations.ultralytics.train import load_yolo
 
     if model.endswith(".pt"):
         if not Path(model).is_file():
-            raise ConfigError(f"model checkpoint {model} not found; prunefx never downloads weights: give the path "
-                              "of a local .pt, or a model yaml (e.g. yolov8n.yaml) to train a baseline")
+            raise ConfigError(
+                f"model checkpoint {model} not found; prunefx never downloads weights: give the path "
+                "of a local .pt, or a model yaml (e.g. yolov8n.yaml) to train a baseline"
+            )
         try:
             return str(load_yolo(model).task)
         except PrunefxError as exc:
@@ -131,8 +147,10 @@ def _model_task(model: str) -> str:
         try:
             return str(guess_model_task(yaml_model_load(model)))
         except Exception as exc:
-            raise ConfigError(f"unknown model {model!r} ({type(exc).__name__}: {exc}); give an ultralytics model yaml "
-                              "(yolov8n.yaml, yolo11s.yaml, ...), a yaml path, or a checkpoint .pt") from exc
+            raise ConfigError(
+                f"unknown model {model!r} ({type(exc).__name__}: {exc}); give an ultralytics model yaml "
+                "(yolov8n.yaml, yolo11s.yaml, ...), a yaml path, or a checkpoint .pt"
+            ) from exc
     raise ConfigError(f"model {model!r} is neither a model yaml nor a .pt checkpoint")
 
 
@@ -148,24 +166,30 @@ def _check_train_args(train: Mapping[str, Any]) -> None:
 
 def _check_data_yaml(path: Path) -> None:
     if not path.is_file():
-        raise ConfigError(f"data yaml {path} not found; give the path of an ultralytics data yaml (train:, val:, "
-                          "names:), or data=null for the embedded synthetic dataset. prunefx never downloads datasets")
+        raise ConfigError(
+            f"data yaml {path} not found; give the path of an ultralytics data yaml (train:, val:, "
+            "names:), or data=null for the embedded synthetic dataset. prunefx never downloads datasets"
+        )
     try:
         d = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
         raise ConfigError(f"data yaml {path} is not valid YAML: {exc}") from exc
     missing = [k for k in ("train", "val", "names") if not isinstance(d, dict) or k not in d]
     if missing:
-        raise ConfigError(f"data yaml {path} lacks {', '.join(missing)}; an ultralytics data yaml names train/val "
-                          "image dirs (or lists) and the class names")
+        raise ConfigError(
+            f"data yaml {path} lacks {', '.join(missing)}; an ultralytics data yaml names train/val "
+            "image dirs (or lists) and the class names"
+        )
     root = Path(d.get("path") or path.parent)
     root = root if root.is_absolute() else (path.parent / root)
     for split in ("train", "val"):
         for item in d[split] if isinstance(d[split], list) else [d[split]]:
             p = Path(item) if Path(item).is_absolute() else root / item
             if not p.exists():
-                raise ConfigError(f"data yaml {path}: {split} images {p} do not exist (prunefx never downloads "
-                                  "datasets; put them on disk or fix path:)")
+                raise ConfigError(
+                    f"data yaml {path}: {split} images {p} do not exist (prunefx never downloads "
+                    "datasets; put them on disk or fix path:)"
+                )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -184,10 +208,17 @@ class _Ctx:
         return self.run.root / "weights"
 
     def train_args(self, stage: str, overrides: Mapping[str, Any], epochs: int) -> dict[str, Any]:
-        from ..integrations.ultralytics_env import cpu_train_kwargs
+        from prunefx.integrations.ultralytics.env import cpu_train_kwargs
 
-        args = {**self.job.train, **overrides, "epochs": epochs, "data": self.data,
-                "project": str((self.run.root / "train").absolute()), "name": stage, "exist_ok": True}
+        args = {
+            **self.job.train,
+            **overrides,
+            "epochs": epochs,
+            "data": self.data,
+            "project": str((self.run.root / "train").absolute()),
+            "name": stage,
+            "exist_ok": True,
+        }
         if str(args.get("device", "cpu")).lower() == "cpu":
             args = cpu_train_kwargs(**args)  # fp32, in-process loading, plots off unless the config asks
         return args
@@ -198,14 +229,14 @@ class _Ctx:
 
 def run_yolo(job: YoloJob, *, log: Callable[[str], None] = print) -> RunDir:
     """Run (or resume) every stage of ``job``; returns the finished run directory."""
-    from ..integrations.ultralytics_env import setup_offline
+    from prunefx.integrations.ultralytics.env import setup_offline
 
     setup_offline()
     run = RunDir.open(job.project, job.name, job.config, resume=job.resume, exist_ok=job.exist_ok)
     (run.root / "weights").mkdir(exist_ok=True)
     log(f"run directory: {run.root}")
     ctx = _Ctx(job, run, resolve_data(job, log), log)
-    for i, (name, fn) in enumerate(zip(STAGES, (_baseline, _sparsity, _prune, _finetune, _report)), 1):
+    for i, (name, fn) in enumerate(zip(STAGES, (_baseline, _sparsity, _prune, _finetune, _report), strict=True), 1):
         if run.done(name) is not None:
             log(f"[{i}/{len(STAGES)}] {name}: done earlier, skipped")
             continue
@@ -214,8 +245,10 @@ def run_yolo(job: YoloJob, *, log: Callable[[str], None] = print) -> RunDir:
             with run.stage(name) as info:
                 fn(ctx, info)
         except BaseException:
-            log(f"stopped in stage {name!r}; finished stages are kept in {run.root}. Fix the cause and continue with "
-                f"the same config plus: resume=true name={run.root.name} project={run.root.parent}")
+            log(
+                f"stopped in stage {name!r}; finished stages are kept in {run.root}. Fix the cause and continue with "
+                f"the same config plus: resume=true name={run.root.name} project={run.root.parent}"
+            )
             raise
         log(f"[{i}/{len(STAGES)}] {name} finished in {info['seconds']:.0f} s")
     run.complete()
@@ -226,8 +259,8 @@ def resolve_data(job: YoloJob, log: Callable[[str], None] = print) -> str:
     """The job's data yaml; for ``data: null`` the embedded synthetic set, generated on first use into the cache."""
     if job.data is not None:
         return str(Path(job.data).absolute())
-    from ..data.shapes import make_shapes_dataset
-    from ..integrations.ultralytics_env import default_config_dir
+    from prunefx.data.detection import make_shapes_dataset
+    from prunefx.integrations.ultralytics.env import default_config_dir
 
     params = dict(job.synthetic)
     digest = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:10]
@@ -240,8 +273,9 @@ def _evaluate(ctx: _Ctx, weights: Path, name: str) -> dict[str, float]:
     return evaluate_yolo(weights, ctx.data, ctx.job.train, ctx.run.root / "val", name, log=ctx.log)
 
 
-def evaluate_yolo(weights: Path, data: str, train: Mapping[str, Any], project: Path, name: str,
-                  log: Callable[[str], None] = print) -> dict[str, float]:
+def evaluate_yolo(
+    weights: Path, data: str, train: Mapping[str, Any], project: Path, name: str, log: Callable[[str], None] = print
+) -> dict[str, float]:
     """mAP etc. of a checkpoint as ``YOLO(path).val()`` reports it (rect batches, conf 0.001, iou 0.7).
 
     ``train``: the config's ultralytics keys; the ones validation uses (imgsz, batch, device...) are passed on.
@@ -254,11 +288,16 @@ def evaluate_yolo(weights: Path, data: str, train: Mapping[str, Any], project: P
     args["device"] = str(args["device"]).split(",")[0]  # training may span GPUs (DDP); validation runs on one
     if args["device"].lower() == "cpu":
         args.setdefault("workers", 0)
-    metrics = YOLO(str(weights)).val(data=data, plots=False, verbose=False, project=str(project), name=name,
-                                     exist_ok=True, **args)
+    metrics = YOLO(str(weights)).val(
+        data=data, plots=False, verbose=False, project=str(project), name=name, exist_ok=True, **args
+    )
     if hasattr(metrics, "box"):  # detection metrics under short names; the box ones for segment/pose too
-        out = {"map50": float(metrics.box.map50), "map50_95": float(metrics.box.map),
-               "precision": float(metrics.box.mp), "recall": float(metrics.box.mr)}
+        out = {
+            "map50": float(metrics.box.map50),
+            "map50_95": float(metrics.box.map),
+            "precision": float(metrics.box.mp),
+            "recall": float(metrics.box.mr),
+        }
     elif hasattr(metrics, "top1"):
         out = {"top1": float(metrics.top1), "top5": float(metrics.top5)}
     else:
@@ -268,8 +307,8 @@ def evaluate_yolo(weights: Path, data: str, train: Mapping[str, Any], project: P
 
 
 def _baseline(ctx: _Ctx, info: dict[str, Any]) -> None:
-    from ..integrations.ultralytics_io import save_yolo
-    from ..integrations.ultralytics_train import load_yolo, train_yolo
+    from prunefx.integrations.ultralytics.io import save_yolo
+    from prunefx.integrations.ultralytics.train import load_yolo, train_yolo
 
     job, target = ctx.job, ctx.weights / "baseline.pt"
     if job.model.endswith(".pt"):
@@ -291,12 +330,14 @@ def _check_nc(model: nn.Module, data: str) -> None:
     head = model.model[-1] if isinstance(getattr(model, "model", None), nn.Sequential) else None
     predicts = getattr(head, "nc", None) or len(getattr(model, "names", None) or {}) or None
     if nc is not None and predicts is not None and predicts != nc:
-        raise ConfigError(f"the checkpoint predicts {predicts} classes but {data} has {nc}; the trainer does not "
-                          "rebuild the head for a handed-over model: use a checkpoint trained on this dataset")
+        raise ConfigError(
+            f"the checkpoint predicts {predicts} classes but {data} has {nc}; the trainer does not "
+            "rebuild the head for a handed-over model: use a checkpoint trained on this dataset"
+        )
 
 
 def _sparsity(ctx: _Ctx, info: dict[str, Any]) -> None:
-    from ..integrations.ultralytics_train import SparsityConfig, TrainHooks, load_yolo, train_yolo
+    from prunefx.integrations.ultralytics.train import SparsityConfig, TrainHooks, load_yolo, train_yolo
 
     sp = ctx.job.prune.sparsity
     if sp.epochs == 0:
@@ -305,17 +346,26 @@ def _sparsity(ctx: _Ctx, info: dict[str, Any]) -> None:
     model = load_yolo(ctx.weights / "baseline.pt")  # scratch: its architecture; the trainer builds from the yaml
     exclude = list(sp.exclude)
     if sp.exclude_residual:
-        from .. import analyze
-        from ..train.sparsity import residual_bns
+        from prunefx import analyze
+        from prunefx.train.sparsity import residual_bns
 
         exclude += residual_bns(analyze(model, (ctx.example(),)))
-    cfg = SparsityConfig(s=sp.s, exclude=tuple(exclude), target=sp.target if sp.schedule == "target" else None,
-                         select=sp.target if sp.selective else None,
-                         threshold=sp.threshold, s_max=sp.s_max)
+    cfg = SparsityConfig(
+        s=sp.s,
+        exclude=tuple(exclude),
+        target=sp.target if sp.schedule == "target" else None,
+        select=sp.target if sp.selective else None,
+        threshold=sp.threshold,
+        s_max=sp.s_max,
+    )
     hooks = TrainHooks.for_model(model, cfg)
     # scratch: ultralytics builds the model from the yaml with the baseline's seed, i.e. the baseline's start
-    _, last = train_yolo(ctx.job.model if sp.start == "scratch" else model,
-                         ctx.train_args("sparsity", sp.overrides, sp.epochs), task=ctx.job.task, hooks=hooks)
+    _, last = train_yolo(
+        ctx.job.model if sp.start == "scratch" else model,
+        ctx.train_args("sparsity", sp.overrides, sp.epochs),
+        task=ctx.job.task,
+        hooks=hooks,
+    )
     # The last epoch, not the best one: sparsity grows over training and the best mAP is usually early.
     shutil.copyfile(last, ctx.weights / "sparse.pt")
     info["gammas"] = hooks.log
@@ -323,15 +373,21 @@ def _sparsity(ctx: _Ctx, info: dict[str, Any]) -> None:
 
 
 def _prune(ctx: _Ctx, info: dict[str, Any]) -> None:
-    from .. import prune
-    from ..integrations.ultralytics_io import save_yolo
-    from ..integrations.ultralytics_train import load_yolo
+    from prunefx import prune
+    from prunefx.integrations.ultralytics.io import save_yolo
+    from prunefx.integrations.ultralytics.train import load_yolo
 
     spec = ctx.job.prune
     source = prune_source(ctx.run, ctx.weights)
     model = load_yolo(source)
-    result = prune(model, (ctx.example(),), spec.plan_config(), criterion=spec.criterion, check=spec.verify,
-                   bias_compensation=spec.bias_compensation)
+    result = prune(
+        model,
+        (ctx.example(),),
+        spec.plan_config(),
+        criterion=spec.criterion,
+        check=spec.verify,
+        bias_compensation=spec.bias_compensation,
+    )
     info.update(check_pruned(result, spec, source))
     atomic_write(ctx.run.root / "plan.json", result.plan.to_json().encode())
     save_yolo(model, ctx.weights / "pruned.pt", plan=result.plan, train_args=dict(getattr(model, "args", {}) or {}))
@@ -340,7 +396,7 @@ def _prune(ctx: _Ctx, info: dict[str, Any]) -> None:
 
 
 def _finetune(ctx: _Ctx, info: dict[str, Any]) -> None:
-    from ..integrations.ultralytics_train import TrainHooks, load_yolo, param_count, train_yolo
+    from prunefx.integrations.ultralytics.train import TrainHooks, load_yolo, param_count, train_yolo
 
     ft = ctx.job.prune.finetune
     if ft.epochs == 0:
@@ -348,8 +404,9 @@ def _finetune(ctx: _Ctx, info: dict[str, Any]) -> None:
         return
     model = load_yolo(ctx.weights / "pruned.pt")
     expected = param_count(model)
-    best, last = train_yolo(model, ctx.train_args("finetune", ft.overrides, ft.epochs),
-                            task=ctx.job.task, hooks=TrainHooks.for_model(model))
+    best, last = train_yolo(
+        model, ctx.train_args("finetune", ft.overrides, ft.epochs), task=ctx.job.task, hooks=TrainHooks.for_model(model)
+    )
     shutil.copyfile(best, ctx.weights / "best.pt")
     shutil.copyfile(last, ctx.weights / "last.pt")
     got = param_count(load_yolo(ctx.weights / "best.pt"))
@@ -359,35 +416,52 @@ def _finetune(ctx: _Ctx, info: dict[str, Any]) -> None:
 
 
 def _report(ctx: _Ctx, info: dict[str, Any]) -> None:
-    from ..integrations.ultralytics_train import load_yolo
-    from ..metrics import latency, measure, ultralytics_gflops
-    from ..report import Stage, build_report, write_report
+    from prunefx.integrations.ultralytics.gflops import ultralytics_gflops
+    from prunefx.integrations.ultralytics.train import load_yolo
+    from prunefx.metrics import latency, measure
+    from prunefx.report import Stage, build_report, write_report
 
     job, run = ctx.job, ctx.run
     x = ctx.example()
 
     def stage(weights: Path, metrics: Mapping[str, float]) -> Stage:
         model = load_yolo(weights).eval()
-        extra = {"yolo_gflops@640": ultralytics_gflops(model, 640),
-                 f"yolo_gflops@{job.imgsz}": ultralytics_gflops(model, job.imgsz)}
+        extra = {
+            "yolo_gflops@640": ultralytics_gflops(model, 640),
+            f"yolo_gflops@{job.imgsz}": ultralytics_gflops(model, job.imgsz),
+        }
         # Every core: ultralytics leaves torch at fewer threads after training; the report states the count.
         lat = latency(model, (x,), threads=os.cpu_count()) if job.prune.latency else None
         return Stage(measure(model, (x,)), lat, {**metrics, **extra})
 
-    stages = {"baseline": stage(ctx.weights / "baseline.pt", run.done("baseline")["metrics"]),
-              "pruned": stage(ctx.weights / "pruned.pt", run.done("prune")["metrics"])}
+    stages = {
+        "baseline": stage(ctx.weights / "baseline.pt", run.done("baseline")["metrics"]),
+        "pruned": stage(ctx.weights / "pruned.pt", run.done("prune")["metrics"]),
+    }
     if not run.done("finetune").get("skipped"):
         stages["finetuned"] = stage(ctx.weights / "best.pt", run.done("finetune")["metrics"])
     pr = run.done("prune")
-    settings = {"config": dict(job.config), "data": ctx.data, "criterion": job.prune.criterion,
-                "target": job.prune.target, "verify": pr["verify"], "pruned_from": pr["source"],
-                "stage_seconds": {k: v.get("seconds") for k, v in run.state["stages"].items()},
-                "sparsity": {"metrics": run.done("sparsity").get("metrics"), "gammas": run.done("sparsity").get("gammas")},
-                "metrics_by": "ultralytics YOLO(path).val(): rect batches, conf 0.001, iou 0.7, at imgsz "
-                              f"{job.imgsz}; yolo_gflops@N: GFLOPs in ultralytics' convention (2 x MACs of a batch-1 NxN forward, conv bias ignored, BN 4 x numel)"}
-    report = build_report(model=job.model, baseline=stages["baseline"], pruned=stages["pruned"],
-                          finetuned=stages.get("finetuned"), widths=[(w["name"], w["before"], w["after"]) for w in pr["widths"]],
-                          settings=settings)
+    settings = {
+        "config": dict(job.config),
+        "data": ctx.data,
+        "criterion": job.prune.criterion,
+        "target": job.prune.target,
+        "verify": pr["verify"],
+        "pruned_from": pr["source"],
+        "stage_seconds": {k: v.get("seconds") for k, v in run.state["stages"].items()},
+        "sparsity": {"metrics": run.done("sparsity").get("metrics"), "gammas": run.done("sparsity").get("gammas")},
+        "metrics_by": "ultralytics YOLO(path).val(): rect batches, conf 0.001, iou 0.7, at imgsz "
+        f"{job.imgsz}; yolo_gflops@N: GFLOPs in ultralytics' convention (2 x MACs of a batch-1 NxN forward, "
+        "conv bias ignored, BN 4 x numel)",
+    }
+    report = build_report(
+        model=job.model,
+        baseline=stages["baseline"],
+        pruned=stages["pruned"],
+        finetuned=stages.get("finetuned"),
+        widths=[(w["name"], w["before"], w["after"]) for w in pr["widths"]],
+        settings=settings,
+    )
     write_report(run.root, report)
     info["files"] = sorted(p.name for p in run.root.iterdir() if p.is_file())
 

@@ -4,8 +4,17 @@
 >>> write_report("runs/r50", report); render_table(load_report("runs/r50"))
 """
 
-from .render import render_markdown, render_table
-from .report import SCHEMA, ReportError, Stage, SweepPoint, build_report, load_report, validate_report, write_report
+from prunefx.report.render import render_markdown, render_table
+from prunefx.report.report import (
+    SCHEMA,
+    ReportError,
+    Stage,
+    SweepPoint,
+    build_report,
+    load_report,
+    validate_report,
+    write_report,
+)
 
 __all__ = [
     "SCHEMA",

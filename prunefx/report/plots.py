@@ -66,7 +66,7 @@ def accuracy_vs_flops_png(sweep: Sequence[Mapping[str, Any]], baseline: Mapping[
         xs = [p["flops"] / 1e9 for p in points]
         ys = [p["metrics"][metric] for p in points]
         (line,) = ax.plot(xs, ys, marker="o", label=metric)
-        for p, x, y in zip(points, xs, ys):
+        for p, x, y in zip(points, xs, ys, strict=True):
             ax.annotate(f"{p['ratio']:g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
         if baseline is not None and metric in baseline["metrics"]:
             ax.plot(baseline["flops"] / 1e9, baseline["metrics"][metric], marker="*", markersize=12,

@@ -8,7 +8,7 @@ from typing import Any
 
 from rich.table import Table
 
-from .plots import shared_metrics
+from prunefx.report.plots import shared_metrics
 
 _COST_COLUMNS = ("GMACs", "GFLOPs", "params (M)", "size (MB)", "latency ms: median [p10, p90]", "batch", "threads")
 

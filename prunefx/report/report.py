@@ -49,11 +49,11 @@ from typing import Any
 
 import torch
 
-from ..errors import PrunefxError
-from ..fileio import atomic_write
-from ..metrics import CONVENTIONS as COUNT_CONVENTIONS
-from ..metrics import Latency, Measurement
-from ..metrics.latency import CONVENTION as LATENCY_CONVENTION
+from prunefx._io import atomic_write
+from prunefx.errors import PrunefxError
+from prunefx.metrics import CONVENTIONS as COUNT_CONVENTIONS
+from prunefx.metrics import Latency, Measurement
+from prunefx.metrics.latency import CONVENTION as LATENCY_CONVENTION
 
 SCHEMA = "prunefx.report/1"
 STAGES = ("baseline", "pruned", "finetuned")
@@ -308,8 +308,8 @@ def write_report(run_dir: str | os.PathLike[str], report: dict[str, Any]) -> lis
     Returns the written paths. ``widths.png`` needs widths; ``accuracy_vs_flops.png`` needs a sweep
     of at least two points with a shared metric.
     """
-    from .plots import accuracy_vs_flops_png, plottable_metric, widths_png
-    from .render import render_markdown
+    from prunefx.report.plots import accuracy_vs_flops_png, plottable_metric, widths_png
+    from prunefx.report.render import render_markdown
 
     validate_report(report)
     out = Path(run_dir)
@@ -350,6 +350,9 @@ def _check_finished(run_dir: Path) -> None:
         raise ReportError(f"{state_path} is corrupt ({exc}); the run cannot be trusted, re-run it") from exc
     if state.get("status") != "complete":
         err = state.get("error") or {}
-        where = f" in stage {err['stage']!r} ({err.get('type')}: {err.get('message', '')[:200]})" if err.get("stage") else ""
-        raise ReportError(f"the run in {run_dir} is not complete (status {state.get('status')!r}{where}); "
-                          "continue it with the same config plus resume=true")
+        detail = f"{err.get('type')}: {err.get('message', '')[:200]}"
+        where = f" in stage {err['stage']!r} ({detail})" if err.get("stage") else ""
+        raise ReportError(
+            f"the run in {run_dir} is not complete (status {state.get('status')!r}{where}); "
+            "continue it with the same config plus resume=true"
+        )

@@ -4,9 +4,9 @@
 >>> fit(model, data.train, TrainConfig(epochs=10), val=data.val, checkpoint=Path("last.pt"))
 """
 
-from .distributed import DistContext, DistributedError, init_from_env, spawn
-from .loop import FitResult, Metrics, SparsityConfig, TrainConfig, TrainError, evaluate, fit
-from .sparsity import BNSparsity, Schedule, TargetSparsity, fraction_below, residual_bns, sparsity_stats
+from prunefx.train.distributed import DistContext, DistributedError, init_from_env, spawn
+from prunefx.train.loop import FitResult, Metrics, SparsityConfig, TrainConfig, TrainError, evaluate, fit
+from prunefx.train.sparsity import BNSparsity, Schedule, TargetSparsity, fraction_below, residual_bns, sparsity_stats
 
 __all__ = ["BNSparsity", "DistContext", "DistributedError", "FitResult", "Metrics", "Schedule", "SparsityConfig",
            "TargetSparsity", "TrainConfig", "TrainError", "evaluate", "fit", "fraction_below", "init_from_env",

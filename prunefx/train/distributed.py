@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as tdist
 
-from ..errors import PrunefxError
+from prunefx.errors import PrunefxError
 
 # Set by torchrun (and by spawn below) in every worker.
 _ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -121,7 +121,7 @@ def init_from_env(device: str = "auto", *, timeout_s: float = 1800.0) -> DistCon
             # The timeout bounds how long a rank waits for a peer that died without the launcher noticing.
             tdist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s),
                                      **({"device_id": dev} if dev.type == "cuda" else {}))
-        except Exception as exc:  # noqa: BLE001 - rendezvous failures come in many types
+        except Exception as exc:  # rendezvous failures come in many types
             raise DistributedError(f"rank {rank} of {world} could not join the {backend} process group at "
                                    f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')} "
                                    f"({type(exc).__name__}: {exc})") from exc
@@ -160,10 +160,14 @@ def spawn(fn: Callable[..., Any], args: tuple[Any, ...], nproc: int, *, threads:
         except mp.ProcessRaisedException as exc:
             lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
             rank, line = _first_failure(failures) or (exc.error_index, lines[-1] if lines else str(exc))
-            raise DistributedError(f"worker rank {rank} of {nproc} failed: {line}; the other workers were stopped") from None
+            raise DistributedError(
+                f"worker rank {rank} of {nproc} failed: {line}; the other workers were stopped"
+            ) from None
         except mp.ProcessExitedException as exc:
-            raise DistributedError(f"worker rank {exc.error_index} of {nproc} died (exit code {exc.exit_code}, "
-                                   f"signal {exc.signal_name}); the other workers were stopped") from None
+            raise DistributedError(
+                f"worker rank {exc.error_index} of {nproc} died (exit code {exc.exit_code}, "
+                f"signal {exc.signal_name}); the other workers were stopped"
+            ) from None
 
 
 def _first_failure(failures: str) -> tuple[int, str] | None:
@@ -178,10 +182,19 @@ def _first_failure(failures: str) -> tuple[int, str] | None:
     return first["rank"], first["error"]
 
 
-def _worker(rank: int, fn: Callable[..., Any], args: tuple[Any, ...], world: int, port: int, threads: int,
-            failures: str) -> None:
-    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
-                       "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+def _worker(
+    rank: int, fn: Callable[..., Any], args: tuple[Any, ...], world: int, port: int, threads: int, failures: str
+) -> None:
+    os.environ.update(
+        {
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": str(world),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+    )
     torch.set_num_threads(threads)
     try:
         fn(*args)
@@ -196,5 +209,14 @@ def _worker(rank: int, fn: Callable[..., Any], args: tuple[Any, ...], world: int
         shutdown()
 
 
-__all__ = ["LOCAL", "DistContext", "DistributedError", "free_port", "init_from_env", "launched_by_torchrun",
-           "resolve_device", "shutdown", "spawn"]
+__all__ = [
+    "LOCAL",
+    "DistContext",
+    "DistributedError",
+    "free_port",
+    "init_from_env",
+    "launched_by_torchrun",
+    "resolve_device",
+    "shutdown",
+    "spawn",
+]

@@ -24,10 +24,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from ..errors import PrunefxError
-from ..fileio import atomic_torch_save
-from .distributed import LOCAL, DistContext
-from .sparsity import BNSparsity, TargetSparsity, sparsity_stats
+from prunefx._io import atomic_torch_save
+from prunefx.errors import PrunefxError
+from prunefx.train.distributed import LOCAL, DistContext
+from prunefx.train.sparsity import BNSparsity, TargetSparsity, sparsity_stats
 
 TRAIN_FORMAT = "prunefx.trainstate/1"
 AUGMENTS = ("crop", "flip")
@@ -200,7 +200,7 @@ def augment_batch(x: torch.Tensor, cfg: TrainConfig, gen: torch.Generator) -> to
 def _batches(dataset: Dataset, indices: Sequence[int], batch: int, *, drop_last: bool, workers: int,
              device: torch.device) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """(images, labels) batches of ``dataset[indices]``: whole-batch indexing in memory, a DataLoader from disk."""
-    from ..data.classification import TensorSplit
+    from prunefx.data.classification import TensorSplit
 
     if isinstance(dataset, TensorSplit):
         idx = torch.as_tensor(list(indices), dtype=torch.long)
@@ -334,8 +334,13 @@ def _train_epoch(model: nn.Module, module: nn.Module, train: Dataset, sampler: D
             bar[0].stop()
     local = float(sums[0] / max(sums[2], 1))
     total_sums = dist.all_reduce_sum(sums.clone())
-    row = {"epoch": epoch + 1, "loss": float(total_sums[0] / total_sums[2]), "top1": float(total_sums[1] / total_sums[2]),
-           "rank_loss": [float(v) for v in dist.all_gather(local)], "lr": opt.param_groups[0]["lr"]}
+    row = {
+        "epoch": epoch + 1,
+        "loss": float(total_sums[0] / total_sums[2]),
+        "top1": float(total_sums[1] / total_sums[2]),
+        "rank_loss": [float(v) for v in dist.all_gather(local)],
+        "lr": opt.param_groups[0]["lr"],
+    }
     if reg is not None:
         row["sparsity_s"] = reg.step_s
     return row
@@ -346,8 +351,9 @@ def _progress(show: bool, description: str, total: int) -> tuple[Any, Any] | Non
         return None
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                   transient=True)
+    bar = Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), transient=True
+    )
     bar.start()
     return bar, bar.add_task(description, total=total)
 
@@ -355,20 +361,32 @@ def _progress(show: bool, description: str, total: int) -> tuple[Any, Any] | Non
 def _read_state(path: Path) -> dict[str, Any]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - truncated or foreign file
-        raise TrainError(f"cannot resume from {path}: not a readable checkpoint ({type(exc).__name__}: {exc}); "
-                         "delete it to restart this stage from its beginning") from exc
+    except Exception as exc:  # truncated or foreign file
+        raise TrainError(
+            f"cannot resume from {path}: not a readable checkpoint ({type(exc).__name__}: {exc}); "
+            "delete it to restart this stage from its beginning"
+        ) from exc
     if not isinstance(state, dict) or state.get("format") != TRAIN_FORMAT:
-        raise TrainError(f"cannot resume from {path}: not a prunefx training checkpoint; delete it to restart the stage")
+        raise TrainError(
+            f"cannot resume from {path}: not a prunefx training checkpoint; delete it to restart the stage"
+        )
     return state
 
 
-def _restore(state: dict[str, Any], module: nn.Module, opt: torch.optim.Optimizer, reg: BNSparsity | None,
-             cfg: TrainConfig, path: Path) -> tuple[int, list[dict[str, Any]]]:
+def _restore(
+    state: dict[str, Any],
+    module: nn.Module,
+    opt: torch.optim.Optimizer,
+    reg: BNSparsity | None,
+    cfg: TrainConfig,
+    path: Path,
+) -> tuple[int, list[dict[str, Any]]]:
     saved = TrainConfig.from_dict(state["config"])
     if replace(saved, epochs=cfg.epochs) != cfg:
-        raise TrainError(f"cannot resume from {path}: it was trained with another recipe ({_diff(saved, cfg)}); "
-                         "resume with the same settings, or delete it to restart the stage")
+        raise TrainError(
+            f"cannot resume from {path}: it was trained with another recipe ({_diff(saved, cfg)}); "
+            "resume with the same settings, or delete it to restart the stage"
+        )
     try:
         module.load_state_dict(state["model"])
     except RuntimeError as exc:
@@ -380,8 +398,11 @@ def _restore(state: dict[str, Any], module: nn.Module, opt: torch.optim.Optimize
 
 
 def _diff(a: TrainConfig, b: TrainConfig) -> str:
-    return ", ".join(f"{k}: {getattr(a, k)!r} -> {getattr(b, k)!r}" for k in a.keys()
-                     if getattr(a, k) != getattr(b, k) and k != "epochs")
+    return ", ".join(
+        f"{k}: {getattr(a, k)!r} -> {getattr(b, k)!r}"
+        for k in a.keys()
+        if getattr(a, k) != getattr(b, k) and k != "epochs"
+    )
 
 
 def _first_line(exc: BaseException) -> str:
@@ -389,5 +410,17 @@ def _first_line(exc: BaseException) -> str:
     return text[:400] + ("..." if len(text) > 400 else "")
 
 
-__all__ = ["AUGMENTS", "TRAIN_FORMAT", "FitResult", "Metrics", "SparsityConfig", "TrainConfig", "TrainError",
-           "augment_batch", "evaluate", "fit", "lr_factor", "make_optimizer"]
+__all__ = [
+    "AUGMENTS",
+    "TRAIN_FORMAT",
+    "FitResult",
+    "Metrics",
+    "SparsityConfig",
+    "TrainConfig",
+    "TrainError",
+    "augment_batch",
+    "evaluate",
+    "fit",
+    "lr_factor",
+    "make_optimizer",
+]

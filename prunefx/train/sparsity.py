@@ -20,10 +20,10 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.conv import _ConvNd
 from torch.utils.hooks import RemovableHandle
 
-from ..errors import PrunefxError
+from prunefx.errors import PrunefxError
 
 if TYPE_CHECKING:
-    from ..analysis.graph import DependencyGraph
+    from prunefx.analysis.graph import DependencyGraph
 
 
 class Schedule(Protocol):
@@ -128,7 +128,8 @@ class BNSparsity:
         order = self._order.to(a.device)
         chosen = order[torch.argsort(a[order], stable=True)[:k]]
         mask = torch.zeros_like(a).index_fill_(0, chosen, 1.0)
-        return [m.view_as(g).to(g.dtype) for m, g in zip(mask.split([g.numel() for g in self.gammas]), self.gammas)]
+        pieces = mask.split([g.numel() for g in self.gammas])
+        return [m.view_as(g).to(g.dtype) for m, g in zip(pieces, self.gammas, strict=True)]
 
 
 @dataclass(kw_only=True)
@@ -219,10 +220,12 @@ def sparsity_stats(
     stats |= {f"below_{t:g}": fraction_below(gammas, t) for t in thresholds}
     a = _abs(gammas, relative=False)
     q = torch.quantile(a, torch.tensor(list(quantiles), dtype=a.dtype, device=a.device)).tolist()
-    return stats | {f"q{p:g}": v for p, v in zip(quantiles, q)} | {"max": float(a.max())}
+    return stats | {f"q{p:g}": v for p, v in zip(quantiles, q, strict=True)} | {"max": float(a.max())}
 
 
-def _select_bns(model: nn.Module, modules: Iterable[str] | None = None, exclude: Iterable[str] = ()) -> dict[str, _BatchNorm]:
+def _select_bns(
+    model: nn.Module, modules: Iterable[str] | None = None, exclude: Iterable[str] = ()
+) -> dict[str, _BatchNorm]:
     """Affine BatchNorms by name: ``modules`` (default all) minus names matching ``exclude`` patterns."""
     # A lone string is one name or pattern, not an iterable of one-letter names.
     patterns = [exclude] if isinstance(exclude, str) else list(exclude)
@@ -251,11 +254,16 @@ def residual_bns(dg: DependencyGraph) -> list[str]:
         mods = [m for m in g.members if m.kind == "module"]
         inputs = {m.name for m in mods if m.role == "in"}
         producers = [
-            m.name for m in mods
-            if m.role == "out" and m.name not in inputs and isinstance(dg.gm.get_submodule(m.name), (_ConvNd, nn.Linear))
+            m.name
+            for m in mods
+            if m.role == "out"
+            and m.name not in inputs
+            and isinstance(dg.gm.get_submodule(m.name), (_ConvNd, nn.Linear))
         ]
         if len(producers) > 1:
-            names += [m.name for m in mods if m.role == "channel" and isinstance(dg.gm.get_submodule(m.name), _BatchNorm)]
+            names += [
+                m.name for m in mods if m.role == "channel" and isinstance(dg.gm.get_submodule(m.name), _BatchNorm)
+            ]
     return list(dict.fromkeys(names))
 
 

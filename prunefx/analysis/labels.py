@@ -1,0 +1,55 @@
+"""What the analysis carries along each fx edge: channel labels for tensors, provenance for sizes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True, eq=False)
+class Lab:
+    """Channel labels of one tensor: per dim, an atom array of that dim's length, or None.
+
+    ``dims[d] is None``: dim d carries no channel identity (batch, spatial, a model input's channels).
+    ``dims[d][i] == -1``: position i of dim d belongs to no class and is never removed.
+    """
+
+    dims: tuple[np.ndarray | None, ...]
+
+    @staticmethod
+    def none(ndim: int) -> Lab:
+        return Lab((None,) * ndim)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.dims)
+
+    def labeled(self) -> list[int]:
+        return [d for d, a in enumerate(self.dims) if a is not None]
+
+    def atoms(self) -> np.ndarray:
+        parts = [a for a in self.dims if a is not None]
+        return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+
+    def replace(self, d: int, arr: np.ndarray | None) -> Lab:
+        dims = list(self.dims)
+        dims[d] = arr
+        return Lab(tuple(dims))
+
+
+@dataclass(frozen=True, eq=False)
+class SizeRef:
+    """An int computed from tensor sizes while tracing (``x.size(1)``, ``c // 2``).
+
+    ``sources``: label arrays of the labeled dims it was read from (empty: it only depends on fixed dims).
+    ``exact``: it *is* one dim's size (no arithmetic), so a view using it can be tied to that dim.
+    """
+
+    value: int
+    sources: tuple[np.ndarray, ...] = ()
+    exact: bool = False
+
+
+def int_value(x: object) -> object:
+    return x.value if isinstance(x, SizeRef) else x

@@ -1,0 +1,182 @@
+"""Label algebra shared by the op rules: broadcasting, reshapes and size provenance."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch.fx as fx
+
+from prunefx.analysis.labels import Lab, SizeRef
+
+
+def norm_dim(d: int, ndim: int) -> int:
+    return d + ndim if d < 0 else d
+
+
+def pointwise(ctx: Any, operands: list[Any] | None = None, out_shape: tuple[int, ...] | None = None) -> Lab:
+    """Element-wise op: operands that span a dim with the output are sliced together along it."""
+    operands = list(ctx.args) if operands is None else operands
+    parts = [(ctx.lab(a), ctx.shape(a)) for a in operands if ctx.is_tensor(a)]
+    out_shape = tuple(ctx.out.shape) if out_shape is None else out_shape
+    return Lab(broadcast_merge(ctx, parts, out_shape, "element-wise with an operand whose channels cannot be sliced"))
+
+
+def broadcast_merge(ctx: Any, parts: list[tuple[Lab, tuple[int, ...]]], out_shape: tuple[int, ...], why: str) -> tuple:
+    """Labels of a broadcast result: per dim, merge the labels of every operand of full size there.
+
+    An operand of full size with no labels (a model input, a constant) freezes the others (``why``);
+    a labeled operand broadcast across a larger dim is frozen (its single channel cannot go).
+    """
+    nd = len(out_shape)
+    dims: list[np.ndarray | None] = [None] * nd
+    for d in range(nd):
+        labeled, unlabeled = [], False
+        for lab, shp in parts:
+            k = d - (nd - len(shp))
+            if k < 0:
+                continue
+            arr = lab.dims[k]
+            if shp[k] != out_shape[d]:
+                if arr is not None:
+                    ctx.freeze(arr, "a single channel broadcast across many")
+                continue
+            if arr is None:
+                unlabeled = True
+            else:
+                labeled.append(arr)
+        if labeled:
+            for other in labeled[1:]:
+                ctx.union(labeled[0], other)
+            if unlabeled:
+                ctx.freeze(labeled[0], why)
+            dims[d] = labeled[0]
+    return tuple(dims)
+
+
+def passthrough(ctx: Any) -> Lab:
+    """Shape-preserving unary op (activations, dropout, casts): labels flow through unchanged."""
+    return ctx.lab(ctx.args[0])
+
+
+def check_size(ctx: Any, ref: Any, out_atoms: np.ndarray, own: np.ndarray | None, path: tuple) -> None:
+    """The size argument ``ref`` sets the length of a dim labeled ``out_atoms``; make that hold after pruning."""
+    if isinstance(ref, int) and not isinstance(ref, SizeRef) and path is not None and not isinstance(ref, bool):
+        if ref != -1:
+            ctx.constant(path, out_atoms)
+        return
+    if not isinstance(ref, SizeRef):
+        ctx.freeze(out_atoms, "a size of unknown origin sets this channel count")
+        return
+    if not ref.sources:
+        ctx.freeze(out_atoms, "a size read from a dim that is never pruned sets this channel count")
+        return
+    if all(s is own for s in ref.sources):
+        return
+    if ref.exact and len(ref.sources) == 1 and len(ref.sources[0]) == len(out_atoms):
+        # The count must equal another tensor's: coupling position-wise guarantees equal counts.
+        ctx.union(ref.sources[0], out_atoms)
+        ctx.note(out_atoms, f"channel count tied to another tensor's size at {ctx.where()}")
+        return
+    ctx.freeze(np.concatenate([*ref.sources, out_atoms]), "a size computed from another tensor's channels")
+
+
+def _pair_dims(a: tuple[int, ...], b: tuple[int, ...]) -> list[tuple[list[int], list[int]]]:
+    """Group dims of two shapes with equal element counts into chunks a reshape maps onto each other."""
+    chunks, i, j = [], 0, 0
+    while i < len(a) or j < len(b):
+        ii, jj = [], []
+        pa = pb = 1
+        if i < len(a):
+            ii.append(i)
+            pa = a[i]
+            i += 1
+        if j < len(b):
+            jj.append(j)
+            pb = b[j]
+            j += 1
+        while pa != pb:
+            if pa < pb and i < len(a):
+                ii.append(i)
+                pa *= a[i]
+                i += 1
+            elif j < len(b):
+                jj.append(j)
+                pb *= b[j]
+                j += 1
+            else:
+                ii.append(i)
+                pa *= a[i]
+                i += 1
+        # trailing size-1 dims join the current chunk
+        chunks.append((ii, jj))
+    return chunks
+
+
+def reshape(ctx: Any, x: Any, out_shape: tuple[int, ...], sizes: list[tuple[Any, tuple | None]] | None) -> Lab:
+    """Labels after view/reshape/flatten/unflatten.
+
+    ``sizes``: per output dim, (size argument as traced, path of a literal in the node's args) or None when
+    the op derives its sizes itself (flatten). A labeled dim split into several (``view(b, g, c/g, h, w)``)
+    keeps its labels on the largest piece and couples positions across the others, so every piece stays
+    a valid reshape after pruning (channel shuffle, attention heads).
+    """
+    lab = ctx.lab(x)
+    in_shape = ctx.shape(x)
+    dims: list[np.ndarray | None] = [None] * len(out_shape)
+    for ii, jj in _pair_dims(in_shape, tuple(out_shape)):
+        labeled = [i for i in ii if lab.dims[i] is not None]
+        if not labeled:
+            continue
+        if len(labeled) > 1:
+            ctx.freeze(np.concatenate([lab.dims[i] for i in labeled]), "a reshape merges two channel dims")
+            continue
+        (i0,) = labeled
+        own = lab.dims[i0]
+        if not jj:
+            ctx.freeze(own, "a reshape drops a channel dim")
+            continue
+        view = [1] * len(ii)
+        view[ii.index(i0)] = len(own)
+        full = np.broadcast_to(own.reshape(view), [in_shape[i] for i in ii]).reshape([out_shape[j] for j in jj])
+        varying = [p for p in range(len(jj)) if full.shape[p] > 1 and not (full == full.take([0], axis=p)).all()]
+        if not varying:  # one class spans the whole chunk: any piece can carry it
+            varying = [max(range(len(jj)), key=lambda p: (full.shape[p], p))]
+        keep = max(varying, key=lambda p: (full.shape[p], p))
+        others = [p for p in varying if p != keep]
+        if others:
+            idx = tuple(slice(None) if p == keep else slice(0, 1) for p in range(full.ndim))
+            ctx.union(full, np.broadcast_to(full[idx], full.shape))
+            ctx.note(own, f"positions coupled across a reshape into {tuple(full.shape)} at {ctx.where()}")
+        line = full[tuple(slice(None) if p == keep else 0 for p in range(full.ndim))]
+        line = np.ascontiguousarray(line)
+        j = jj[keep]
+        dims[j] = own if (len(ii) == 1 and len(jj) == 1) else line
+        if sizes is not None:
+            ref, path = sizes[j]
+            check_size(ctx, ref, dims[j], own, path)
+    if sizes is not None:
+        for j, (ref, _) in enumerate(sizes):
+            if dims[j] is None:
+                fixed_size(ctx, ref)
+    return Lab(tuple(dims))
+
+
+def fixed_size(ctx: Any, ref: Any) -> None:
+    """A size read from channel dims sets a dim that is never sliced: those channels must stay."""
+    if isinstance(ref, SizeRef) and ref.sources:
+        ctx.freeze(np.concatenate(ref.sources), "its channel count sizes a dim that is not pruned")
+
+
+def size_args(ctx: Any, first: int) -> list[tuple[Any, tuple | None]]:
+    """Per output dim: (traced size value, path of the literal) for ``view(*sizes)`` / ``view(sizes)``."""
+    args = ctx.args[first:]
+    if len(args) == 1 and isinstance(args[0], (list, tuple)):
+        raw, base = args[0], ("args", first)
+    else:
+        raw, base = args, None
+    out = []
+    for k, a in enumerate(raw):
+        path = (*base, k) if base else ("args", first + k)
+        out.append((ctx.aval(a), path if not isinstance(a, fx.Node) else None))
+    return out

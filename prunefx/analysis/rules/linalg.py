@@ -1,0 +1,127 @@
+"""Contractions and functional layers: matmul, F.linear / F.conv*, functional norms, attention."""
+
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+
+from prunefx.analysis.labels import Lab
+from prunefx.analysis.rules._algebra import broadcast_merge
+from prunefx.analysis.rules._registry import register_rule
+
+
+def _contract(ctx, a: np.ndarray | None, b: np.ndarray | None) -> None:
+    """The summed-over dim of a product: removing index i from both sides removes its term exactly."""
+    if a is not None and b is not None:
+        ctx.union(a, b)
+    elif a is not None or b is not None:
+        ctx.freeze(a if a is not None else b, "contracted with a dim that cannot be sliced")
+
+
+@register_rule(torch.matmul, operator.matmul, torch.bmm, torch.mm, "matmul", "bmm", "mm", "__matmul__")
+def matmul(ctx) -> Lab:
+    x, y = ctx.args[0], ctx.args[1]
+    lx, ly = ctx.lab(x), ctx.lab(y)
+    if lx.ndim < 2 or ly.ndim < 2:
+        ctx.freeze([lx, ly], "matmul with a vector")
+        return Lab.none(ctx.out.dim())
+    _contract(ctx, lx.dims[-1], ly.dims[-2])
+    out_nd = ctx.out.dim()
+    batch_x = Lab(lx.dims[:-2])
+    batch_y = Lab(ly.dims[:-2])
+    batch_shape = tuple(ctx.out.shape[:-2])
+    # Batch dims broadcast like an element-wise op; reuse it on the batch part of each operand.
+    parts = [(batch_x, ctx.shape(x)[:-2]), (batch_y, ctx.shape(y)[:-2])]
+    batch = broadcast_merge(ctx, parts, batch_shape, "batched matmul against unsliceable batch dims")
+    dims = (*batch, lx.dims[-2], ly.dims[-1])
+    assert len(dims) == out_nd
+    return Lab(dims)
+
+
+@register_rule(F.linear)
+def linear_fn(ctx) -> Lab:
+    x, w, b = ctx.arg(0, "input"), ctx.arg(1, "weight"), ctx.arg(2, "bias")
+    lx, lw = ctx.lab(x), ctx.lab(w)
+    _contract(ctx, lx.dims[-1], lw.dims[1] if lw.ndim == 2 else None)
+    out = lw.dims[0] if lw.ndim == 2 else None
+    if b is not None and ctx.is_tensor(b):
+        lb = ctx.lab(b)
+        if out is not None and lb.dims[0] is not None:
+            ctx.union(out, lb.dims[0])
+        elif (out is None) != (lb.dims[0] is None):
+            ctx.freeze([lw, lb], "F.linear weight and bias sliced differently")
+            out = None
+    return lx.replace(lx.ndim - 1, out)
+
+
+@register_rule(F.conv1d, F.conv2d, F.conv3d)
+def conv_fn(ctx) -> Lab:
+    x, w, b = ctx.arg(0, "input"), ctx.arg(1, "weight"), ctx.arg(2, "bias")
+    groups = ctx.arg(6, "groups", 1)
+    lx, lw = ctx.lab(x), ctx.lab(w)
+    if groups != 1:
+        ctx.freeze([lx, lw], "functional grouped convolution")
+        return Lab.none(ctx.out.dim())
+    _contract(ctx, lx.dims[1], lw.dims[1])
+    for d in range(2, lw.ndim):  # kernel taps are not channels
+        if lw.dims[d] is not None:
+            ctx.freeze(lw.dims[d], "convolution kernel dims")
+    out = lw.dims[0]
+    if b is not None and ctx.is_tensor(b):
+        _contract(ctx, out, ctx.lab(b).dims[0])
+    for d in range(2, lx.ndim):
+        if lx.dims[d] is not None:
+            ctx.freeze(lx.dims[d], "a convolution slides over this channel dim")
+    return Lab((lx.dims[0], out, *([None] * (lx.ndim - 2))))
+
+
+@register_rule(F.batch_norm, F.instance_norm)
+def batch_norm_fn(ctx) -> Lab:
+    lx = ctx.lab(ctx.args[0])
+    stats = [a for a in (*ctx.args[1:], *ctx.kwargs.values()) if ctx.is_tensor(a)]
+    for s in stats:
+        _contract(ctx, lx.dims[1], ctx.lab(s).dims[0])
+    return lx
+
+
+@register_rule(F.layer_norm, F.group_norm, F.rms_norm)
+def norm_fn(ctx) -> Lab:
+    lx = ctx.lab(ctx.args[0])
+    tensors = [a for a in (*ctx.args[1:], *ctx.kwargs.values()) if ctx.is_tensor(a)]
+    if ctx.node.target is F.group_norm:
+        ctx.freeze(lx, "functional group_norm")
+        return lx
+    shape = ctx.arg(1, "normalized_shape")
+    k = len(shape)
+    for j, d in enumerate(range(lx.ndim - k, lx.ndim)):
+        if lx.dims[d] is None:
+            continue
+        ctx.inexact(lx.dims[d], "layer_norm statistics mix channels")
+        if isinstance(shape, (list, tuple)) and not isinstance(shape[j], fx.Node):
+            ctx.constant(("args", 1, j), lx.dims[d])  # the literal normalized_shape follows the width
+        else:
+            ctx.freeze(lx.dims[d], "layer_norm with a computed normalized_shape")
+    for t in tensors:
+        lt = ctx.lab(t)
+        for j in range(lt.ndim):
+            _contract(ctx, lx.dims[lx.ndim - lt.ndim + j], lt.dims[j])
+    return lx
+
+
+@register_rule(F.scaled_dot_product_attention)
+def sdpa(ctx) -> Lab:
+    q, k, v = ctx.args[0], ctx.args[1], ctx.args[2]
+    lq, lk, lv = ctx.lab(q), ctx.lab(k), ctx.lab(v)
+    if ctx.kwargs.get("scale") is None and (lq.dims[-1] is not None or lk.dims[-1] is not None):
+        # Its default scale is 1/sqrt(E) with E read from q: pruning E would change every score.
+        ctx.freeze([lq.dims[-1], lk.dims[-1]], "scaled_dot_product_attention derives its scale from the head dim")
+    else:
+        _contract(ctx, lq.dims[-1], lk.dims[-1])
+    _contract(ctx, lk.dims[-2], lv.dims[-2])
+    parts = [(Lab(ctx.lab(t).dims[:-2]), ctx.shape(t)[:-2]) for t in (q, k, v)]
+    batch = broadcast_merge(ctx, parts, tuple(ctx.out.shape[:-2]), "attention over unsliceable batch dims")
+    return Lab((*batch, lq.dims[-2], lv.dims[-1]))

@@ -1,0 +1,323 @@
+"""Ops that move, split, join or index dims, and the size queries whose results feed them."""
+
+from __future__ import annotations
+
+import builtins
+import operator
+
+import numpy as np
+import torch
+import torch.fx as fx
+from torch import nn
+
+from prunefx.analysis.labels import Lab, SizeRef
+from prunefx.analysis.rules._algebra import check_size, norm_dim, reshape, size_args
+from prunefx.analysis.rules._registry import register_rule
+
+
+# ---- sizes -------------------------------------------------------------------------------------------
+def _size_refs(lab: Lab, shape: torch.Size) -> tuple[SizeRef, ...]:
+    return tuple(
+        SizeRef(n, (lab.dims[d],) if lab.dims[d] is not None else (), exact=True) for d, n in enumerate(shape)
+    )
+
+
+@register_rule(builtins.getattr)
+def get_attribute(ctx):
+    obj, attr = ctx.args[0], ctx.args[1]
+    if ctx.is_tensor(obj) and attr == "shape":
+        return _size_refs(ctx.lab(obj), ctx.value(obj).shape)
+    if ctx.is_tensor(obj) and attr in ("mT", "T"):
+        lab = ctx.lab(obj)
+        return Lab(tuple(reversed(lab.dims))) if attr == "T" else Lab((*lab.dims[:-2], lab.dims[-1], lab.dims[-2]))
+    if ctx.is_tensor(obj) and attr in ("dtype", "device", "is_cuda", "ndim", "requires_grad"):
+        return ctx.out
+    if isinstance(ctx.out, torch.Tensor):  # e.g. .data, .real: an unknown view of the tensor
+        ctx.freeze(ctx.lab(obj), f"unknown tensor attribute .{attr}")
+        return Lab.none(ctx.out.dim())
+    return ctx.out
+
+
+@register_rule("size")
+def size(ctx):
+    refs = _size_refs(ctx.lab(ctx.args[0]), ctx.value(ctx.args[0]).shape)
+    d = ctx.arg(1, "dim")
+    return refs if d is None else refs[d]
+
+
+@register_rule("dim", "ndimension", "numel", "nelement", torch.numel, "element_size", "get_device", "is_contiguous")
+def plain_value(ctx):
+    if ctx.node.target in ("numel", "nelement", torch.numel):
+        lab = ctx.lab(ctx.args[0])
+        return SizeRef(ctx.out, tuple(a for a in lab.dims if a is not None), exact=False)
+    return ctx.out
+
+
+@register_rule(operator.getitem)
+def getitem(ctx):
+    obj, idx = ctx.args[0], ctx.args[1]
+    if not ctx.is_tensor(obj):
+        container = ctx.aval(obj)
+        if isinstance(container, (tuple, list)) and not isinstance(idx, fx.Node):
+            return container[idx]
+        if isinstance(container, dict):
+            return container[idx]
+        return ctx.out
+    return _index(ctx, obj, idx)
+
+
+def _index(ctx, obj, idx) -> Lab:
+    """Basic indexing (ints, slices, None, Ellipsis); tensor indices freeze what they select from."""
+    lab, shape = ctx.lab(obj), ctx.shape(obj)
+    items = list(idx) if isinstance(idx, tuple) else [idx]
+    if any(isinstance(i, fx.Node) or isinstance(i, (list, torch.Tensor)) for i in items):
+        ctx.freeze(lab, "advanced (tensor) indexing")
+        return Lab.none(ctx.out.dim())
+    if Ellipsis in items:
+        k = items.index(Ellipsis)
+        fill = len(shape) - (len(items) - 1 - items.count(None))
+        items[k : k + 1] = [slice(None)] * fill
+    out, d = [], 0
+    for it in items:
+        if it is None:
+            out.append(None)
+            continue
+        arr = lab.dims[d]
+        if isinstance(it, int):
+            if arr is not None:
+                ctx.freeze(arr, "indexing picks a single channel")
+        elif isinstance(it, slice):
+            if arr is None or it == slice(None) or (it.start in (None, 0) and it.stop is None and it.step in (None, 1)):
+                out.append(arr)
+            else:
+                ctx.freeze(arr, "a constant slice of a channel dim")
+                out.append(None)
+        d += 1
+    out.extend(lab.dims[d:])
+    return Lab(tuple(out))
+
+
+# ---- reshapes --------------------------------------------------------------------------------------------
+@register_rule("view", "reshape", torch.reshape)
+def view(ctx) -> Lab:
+    first = 1
+    if ctx.node.target == "view" and len(ctx.args) == 2 and isinstance(ctx.value(ctx.args[1]), torch.dtype):
+        return ctx.lab(ctx.args[0])  # view(dtype)
+    if ctx.node.target is torch.reshape and "shape" in ctx.kwargs:
+        return reshape(ctx, ctx.args[0], tuple(ctx.out.shape), None)
+    return reshape(ctx, ctx.args[0], tuple(ctx.out.shape), size_args(ctx, first))
+
+
+@register_rule("flatten", torch.flatten, nn.Flatten, "ravel", torch.ravel)
+def flatten(ctx) -> Lab:
+    return reshape(ctx, ctx.args[0], tuple(ctx.out.shape), None)
+
+
+@register_rule("unflatten", torch.unflatten, nn.Unflatten)
+def unflatten(ctx) -> Lab:
+    x = ctx.args[0]
+    out_shape = tuple(ctx.out.shape)
+    if ctx.module is not None:  # sizes live in module attributes: a changed size cannot be rewritten
+        sizes = [(n, None) for n in out_shape]
+        return reshape(ctx, x, out_shape, [(SizeRef(n), None) for n, _ in sizes])
+    dim = norm_dim(ctx.arg(1, "dim"), len(ctx.shape(x)))
+    given = ctx.arg(2, "sizes")
+    sizes: list = [(SizeRef(n, (), True), None) for n in out_shape]
+    for k, s in enumerate(given):
+        sizes[dim + k] = (ctx.aval(s), ("args", 2, k) if not isinstance(s, fx.Node) else None)
+    for d in range(len(out_shape)):
+        if not (dim <= d < dim + len(given)):
+            sizes[d] = (-1, None)  # untouched dims keep their size by construction
+    return reshape(ctx, x, out_shape, sizes)
+
+
+@register_rule("permute", torch.permute)
+def permute(ctx) -> Lab:
+    lab = ctx.lab(ctx.args[0])
+    order = ctx.args[1:] if ctx.node.op == "call_method" else ctx.arg(1, "dims")
+    if len(order) == 1 and isinstance(order[0], (list, tuple)):
+        order = order[0]
+    return Lab(tuple(lab.dims[norm_dim(int(d), lab.ndim)] for d in order))
+
+
+@register_rule(
+    "transpose", torch.transpose, "swapaxes", "swapdims", torch.swapaxes, "movedim", torch.movedim, "t", torch.t
+)
+def transpose(ctx) -> Lab:
+    lab = ctx.lab(ctx.args[0])
+    dims = list(lab.dims)
+    if ctx.node.target in ("t", torch.t):
+        return Lab(tuple(reversed(dims)))
+    a, b = norm_dim(ctx.arg(1, "dim0"), lab.ndim), norm_dim(ctx.arg(2, "dim1"), lab.ndim)
+    if ctx.node.target in ("movedim", torch.movedim):
+        dims.insert(b, dims.pop(a))
+    else:
+        dims[a], dims[b] = dims[b], dims[a]
+    return Lab(tuple(dims))
+
+
+@register_rule("unsqueeze", torch.unsqueeze)
+def unsqueeze(ctx) -> Lab:
+    lab = ctx.lab(ctx.args[0])
+    d = norm_dim(ctx.arg(1, "dim"), lab.ndim + 1)
+    return Lab((*lab.dims[:d], None, *lab.dims[d:]))
+
+
+@register_rule("squeeze", torch.squeeze)
+def squeeze(ctx) -> Lab:
+    lab, shape = ctx.lab(ctx.args[0]), ctx.shape(ctx.args[0])
+    d = ctx.arg(1, "dim")
+    drop = (
+        {i for i, n in enumerate(shape) if n == 1}
+        if d is None
+        else {
+            norm_dim(x, len(shape))
+            for x in (d if isinstance(d, (tuple, list)) else (d,))
+            if shape[norm_dim(x, len(shape))] == 1
+        }
+    )
+    for i in drop:  # a channel dim of width 1 vanishing: its single channel must stay
+        if lab.dims[i] is not None:
+            ctx.freeze(lab.dims[i], "squeeze of a one-channel dim")
+    return Lab(tuple(a for i, a in enumerate(lab.dims) if i not in drop))
+
+
+@register_rule("expand", "broadcast_to", torch.broadcast_to)
+def expand(ctx) -> Lab:
+    lab, shape = ctx.lab(ctx.args[0]), ctx.shape(ctx.args[0])
+    out = tuple(ctx.out.shape)
+    lead = len(out) - len(shape)
+    dims = [None] * lead + list(lab.dims)
+    sizes = size_args(ctx, 1)
+    for d in range(lead, len(out)):
+        if dims[d] is not None:
+            if shape[d - lead] != out[d]:
+                ctx.freeze(dims[d], "a single channel expanded across many")
+                dims[d] = None
+            elif d < len(sizes):
+                ref, path = sizes[d]
+                if not (isinstance(ref, int) and ref == -1):
+                    check_size(ctx, ref, dims[d], dims[d], path)
+    return Lab(tuple(dims))
+
+
+@register_rule("repeat", "tile", torch.tile)
+def repeat(ctx) -> Lab:
+    lab, shape = ctx.lab(ctx.args[0]), ctx.shape(ctx.args[0])
+    out = tuple(ctx.out.shape)
+    lead = len(out) - len(shape)
+    dims: list = [None] * lead
+    for d, arr in enumerate(lab.dims):
+        times = out[d + lead] // max(shape[d], 1)
+        dims.append(np.tile(arr, times) if arr is not None else None)
+    return Lab(tuple(dims))
+
+
+# ---- joins and splits ------------------------------------------------------------------------------------
+@register_rule(torch.cat, torch.concat, torch.concatenate)
+def cat(ctx) -> Lab:
+    tensors = [t for t in ctx.arg(0, "tensors") if ctx.is_tensor(t)]
+    out_shape = tuple(ctx.out.shape)
+    dim = norm_dim(ctx.arg(1, "dim", 0), len(out_shape))
+    pieces = []
+    for t in tensors:
+        arr = ctx.lab(t).dims[dim]
+        pieces.append(arr if arr is not None else np.full(ctx.shape(t)[dim], -1, dtype=np.int64))
+    along = np.concatenate(pieces) if any((p >= 0).any() for p in pieces) else None
+    # Other dims: all pieces must be sliced alike (shape of the cat dim differs, so compare per dim).
+    others = [d for d in range(len(out_shape)) if d != dim]
+    dims: list = [None] * len(out_shape)
+    merged = _merge_other_dims(ctx, tensors, dim, out_shape)
+    for d in others:
+        dims[d] = merged[d]
+    dims[dim] = along
+    return Lab(tuple(dims))
+
+
+def _merge_other_dims(ctx, tensors, dim: int, out_shape) -> list:
+    merged: list = [None] * len(out_shape)
+    for d in range(len(out_shape)):
+        if d == dim:
+            continue
+        labeled = [ctx.lab(t).dims[d] for t in tensors if ctx.lab(t).dims[d] is not None]
+        if not labeled:
+            continue
+        for other in labeled[1:]:
+            ctx.union(labeled[0], other)
+        if len(labeled) < len(tensors):
+            ctx.freeze(labeled[0], "joined with a tensor whose channels cannot be sliced")
+        merged[d] = labeled[0]
+    return merged
+
+
+@register_rule(torch.stack)
+def stack(ctx) -> Lab:
+    tensors = [t for t in ctx.arg(0, "tensors") if ctx.is_tensor(t)]
+    out_nd = ctx.out.dim()
+    dim = norm_dim(ctx.arg(1, "dim", 0), out_nd)
+    merged = _merge_other_dims(ctx, tensors, -1, ctx.shape(tensors[0]))
+    return Lab((*merged[:dim], None, *merged[dim:]))
+
+
+@register_rule("split", torch.split, "chunk", torch.chunk, "split_with_sizes", "tensor_split", torch.tensor_split)
+def split(ctx) -> tuple:
+    x = ctx.args[0]
+    lab, nd = ctx.lab(x), len(ctx.shape(x))
+    method = ctx.node.target if isinstance(ctx.node.target, str) else ctx.node.target.__name__
+    dim = norm_dim(ctx.arg(2, "dim", 0), nd)
+    outs = ctx.out
+    arr = lab.dims[dim]
+    if arr is None:
+        return tuple(Lab(lab.dims) for _ in outs)
+    bounds = np.cumsum([0] + [o.shape[dim] for o in outs])
+    segments = [arr[bounds[k] : bounds[k + 1]] for k in range(len(outs))]
+    spec = ctx.arg(1, "split_size_or_sections" if method == "split" else "chunks")
+    if method == "chunk" or (method == "split" and isinstance(spec, int)):
+        if len({len(s) for s in segments}) > 1:
+            # chunk/split(int) recompute piece sizes from the total: an uneven last piece cannot be kept
+            # consistent with any other count pattern, so the channels stay.
+            ctx.freeze(arr, f"{method}({spec}) into uneven pieces")
+        elif len(segments) > 1:
+            ctx.equal_count(segments, f"{method}({spec}) needs equal pieces")
+        if method == "split":
+            check_size(ctx, spec, segments[0], None, ("args", 1))
+    elif method in ("split", "split_with_sizes") and isinstance(spec, (list, tuple)):
+        for k, s in enumerate(spec):
+            ref = ctx.aval(s)
+            check_size(ctx, ref, segments[k], None, ("args", 1, k) if not isinstance(s, fx.Node) else None)
+        literal = [s for s in spec if not isinstance(s, fx.Node)]
+        if len(literal) == len(spec) > 1 and len(set(literal)) == 1:
+            # equal literal sizes usually come from one attribute (C2PSA: split((c, c))): keep them equal
+            ctx.equal_count(segments, f"split({list(spec)}) pieces sized by one value")
+    else:
+        ctx.freeze(arr, f"{method} with computed boundaries")
+    return tuple(lab.replace(dim, seg) for seg in segments)
+
+
+@register_rule("unbind", torch.unbind)
+def unbind(ctx) -> tuple:
+    lab = ctx.lab(ctx.args[0])
+    dim = norm_dim(ctx.arg(1, "dim", 0), lab.ndim)
+    if lab.dims[dim] is not None:
+        ctx.freeze(lab.dims[dim], "unbind over a channel dim picks single channels")
+    rest = Lab(lab.dims[:dim] + lab.dims[dim + 1 :])
+    return tuple(rest for _ in ctx.out)
+
+
+@register_rule("roll", torch.roll, "flip", torch.flip, "narrow", torch.narrow, "select", torch.select)
+def positional(ctx) -> Lab:
+    """Ops that move or pick positions along a dim: fine off the channel dims, frozen on them."""
+    lab = ctx.lab(ctx.args[0])
+    target = ctx.node.target if isinstance(ctx.node.target, str) else ctx.node.target.__name__
+    pos, key = {"roll": (2, "dims"), "flip": (1, "dims"), "narrow": (1, "dim"), "select": (1, "dim")}[target]
+    d = ctx.arg(pos, key)
+    touched = d if isinstance(d, (list, tuple)) else ([d] if d is not None else range(lab.ndim))
+    touched = {norm_dim(x, lab.ndim) for x in touched}
+    for x in touched:
+        if lab.dims[x] is not None:
+            ctx.freeze(lab.dims[x], f"{target} along a channel dim")
+    if target == "select":
+        return Lab(tuple(a for i, a in enumerate(lab.dims) if i not in touched))
+    if target == "narrow":
+        return Lab(tuple(None if i in touched else a for i, a in enumerate(lab.dims)))
+    return lab

@@ -1,0 +1,206 @@
+"""Capture a model as a torch.fx GraphModule, robustly.
+
+    gm = prunefx.trace(model, (torch.randn(1, 3, 224, 224),))
+
+What plain ``torch.fx.symbolic_trace`` lacks and this tracer adds:
+- ``forward(self, x, *args, **kwargs)``: only as many placeholders as example inputs are created;
+- ``len()`` / ``list()`` / iteration over ``chunk(n)`` and ``split([sizes])`` results (known arity);
+- leaf modules: a registry users extend by type (:func:`register_leaf`), and an automatic fallback that
+  makes a submodule whose forward cannot be traced a leaf, retries, and records which and why;
+- a failure that no leaf can fix (tensor-valued control flow in the root forward) raises
+  :class:`TraceFailure` naming the source line and the fixes.
+The model is never modified; ``training`` flags changed for tracing are restored.
+"""
+
+from __future__ import annotations
+
+import inspect
+import linecache
+import traceback
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch import nn
+
+from prunefx import _plugins
+from prunefx.errors import TraceFailure
+
+_LEAF_TYPES: set[type[nn.Module]] = set()
+_MAX_AUTO_LEAVES = 64
+META_KEY = "prunefx"
+
+
+def register_leaf(*types: type[nn.Module]) -> None:
+    """Treat modules of these types as opaque leaves when tracing (their channels are frozen
+    unless an op rule for the type is registered with :func:`prunefx.register_rule`)."""
+    for t in types:
+        if not (isinstance(t, type) and issubclass(t, nn.Module)):
+            raise TypeError(f"register_leaf expects nn.Module subclasses, got {t!r}")
+        _LEAF_TYPES.add(t)
+
+
+def _arity(node: fx.Node) -> int | None:
+    """Number of outputs of chunk/split/unbind-like nodes when it is known statically."""
+    name = node.target if node.op == "call_method" else getattr(node.target, "__name__", None)
+    if node.op not in ("call_method", "call_function") or name not in (
+        "chunk",
+        "split",
+        "split_with_sizes",
+        "tensor_split",
+    ):
+        return None
+    rest = node.args[1:] if node.op == "call_method" else node.args[1:]
+    if name == "chunk":
+        n = rest[0] if rest else node.kwargs.get("chunks")
+        return n if isinstance(n, int) else None
+    sizes = rest[0] if rest else node.kwargs.get("split_size_or_sections", node.kwargs.get("split_size"))
+    if isinstance(sizes, (list, tuple)) and not any(isinstance(s, fx.Node) for s in sizes):
+        return len(sizes) + (1 if name == "tensor_split" else 0)
+    return None
+
+
+class _Proxy(fx.Proxy):
+    def __len__(self) -> int:
+        n = _arity(self.node)
+        if n is None:
+            raise fx.proxy.TraceError(
+                f"len() of '{self.node.format_node()}' is not known while tracing "
+                "(only chunk(n) and split([sizes]) have a static length)"
+            )
+        return n
+
+
+class PrunefxTracer(fx.Tracer):
+    """fx.Tracer with known-arity iteration, varargs roots, a leaf registry and failure bookkeeping."""
+
+    def __init__(self, num_inputs: int | None = None, leaf_names: Sequence[str] = ()) -> None:
+        super().__init__()
+        self.num_inputs = num_inputs
+        self.leaf_names = set(leaf_names)
+        self._stack: list[str] = []
+        self.failed_in: str | None = None  # innermost traced (non-leaf) module whose forward raised
+
+    def proxy(self, node: fx.Node) -> fx.Proxy:
+        return _Proxy(node, self)
+
+    def iter(self, obj: fx.Proxy) -> Iterator:
+        n = _arity(obj.node)
+        if n is None:
+            return super().iter(obj)
+        return (obj[i] for i in range(n))
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        if module_qualified_name in self.leaf_names or isinstance(m, tuple(_LEAF_TYPES)):
+            return True
+        return super().is_leaf_module(m, module_qualified_name)
+
+    def call_module(self, m: nn.Module, forward: Any, args: tuple, kwargs: dict) -> Any:
+        name = self.path_of_module(m)
+        self._stack.append(name)
+        try:
+            return super().call_module(m, forward, args, kwargs)
+        except Exception:
+            if self.failed_in is None and not self.is_leaf_module(m, name):
+                self.failed_in = name
+            raise
+        finally:
+            self._stack.pop()
+
+    def create_args_for_root(self, root_fn, is_module, concrete_args=None):
+        fn = inspect.unwrap(root_fn)
+        co = fn.__code__
+        has_var = co.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
+        if not (is_module and has_var and self.num_inputs is not None and concrete_args is None):
+            return super().create_args_for_root(root_fn, is_module, concrete_args)
+        # forward(self, x, *args, **kwargs): bind exactly the example inputs, leave *args/**kwargs empty.
+        named = list(co.co_varnames[1 : co.co_argcount])
+        names = [named[i] if i < len(named) else f"input_{i}" for i in range(self.num_inputs)]
+        placeholders = [self.create_proxy("placeholder", n, (), {}) for n in names]
+
+        def bound(root, *xs):
+            return root_fn(root, *xs)
+
+        return bound, [self.root, *placeholders]
+
+
+@contextmanager
+def training_mode(model: nn.Module, training: bool | None):
+    """Temporarily set every module's ``training`` flag (None: leave as is); restores each flag after."""
+    if training is None:
+        yield
+        return
+    saved = [(m, m.training) for m in model.modules()]
+    try:
+        model.train(training)
+        yield
+    finally:
+        for m, flag in saved:
+            m.training = flag
+
+
+def _user_frame(exc: BaseException) -> str:
+    """'file:line: code' of the innermost frame outside torch, for error messages."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    torch_dir = str(torch.__file__).rsplit("/", 1)[0]
+    here = __file__
+    for fr in reversed(frames):
+        if not fr.filename.startswith(torch_dir) and fr.filename != here:
+            code = (fr.line or linecache.getline(fr.filename, fr.lineno)).strip()
+            return f"{fr.filename}:{fr.lineno}: {code}"
+    return "<unknown location>"
+
+
+def trace(
+    model: nn.Module,
+    example_inputs: Sequence[Any] | torch.Tensor | None = None,
+    *,
+    leaves: Sequence[str] = (),
+    training: bool | None = None,
+    auto_leaf: bool = True,
+) -> fx.GraphModule:
+    """Trace ``model`` into a GraphModule that shares its submodules.
+
+    ``leaves``: qualified module names to keep opaque. ``training``: trace with every module's flag set to
+    this value (restored afterwards); None keeps the current flags. ``auto_leaf``: when a submodule's
+    forward cannot be traced, make it a leaf and retry. The leaves made automatically are recorded in
+    ``gm.meta["prunefx"]["auto_leaves"]`` as ``{qualified_name: reason}``.
+    """
+    if not isinstance(model, nn.Module):
+        raise TraceFailure(f"expected a torch.nn.Module, got {type(model).__name__}; pass the model object itself")
+    _plugins.activate()  # leaves registered by the model's library
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
+    num_inputs = None if example_inputs is None else len(example_inputs)
+    auto: dict[str, str] = {}
+    with training_mode(model, training):
+        while True:
+            tracer = PrunefxTracer(num_inputs, [*leaves, *auto])
+            try:
+                graph = tracer.trace(model)
+                break
+            except Exception as exc:  # any tracing failure is reported or retried
+                where = _user_frame(exc)
+                culprit = tracer.failed_in
+                if not auto_leaf or culprit is None or culprit in auto or len(auto) >= _MAX_AUTO_LEAVES:
+                    raise TraceFailure(
+                        f"cannot trace {type(model).__name__}: {type(exc).__name__}: {exc}\n"
+                        f"  at {where}\n"
+                        "  fixes: make the module that contains this line a leaf (trace(..., leaves=[name]) or "
+                        "prunefx.register_leaf(Type)); wrap the offending function with torch.fx.wrap; or remove "
+                        "tensor-dependent Python control flow (e.g. `if x.sum() > 0:`) from forward"
+                    ) from exc
+                auto[culprit] = f"{type(exc).__name__} at {where}"
+    name = type(model).__name__
+    gm = fx.GraphModule(tracer.root, graph, name)
+    own = {
+        n for n, _ in (*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False))
+    }
+    lifted = sorted(n for n, _ in gm.named_buffers() if n not in own)  # torch.tensor(...) constants in forward
+    gm.meta[META_KEY] = {"auto_leaves": auto, "training": training, "lifted_constants": lifted}
+    return gm
+
+
+__all__ = ["trace", "register_leaf", "PrunefxTracer", "training_mode"]

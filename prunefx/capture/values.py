@@ -1,0 +1,106 @@
+"""Give every fx node a value without touching the model: meta tensors first, a real no-grad eval pass
+as fallback.
+
+The meta pass swaps every parameter and buffer for a meta tensor of the same shape (``functional_call``)
+so nothing is allocated, BatchNorm statistics cannot move and models already on the meta device work.
+Ops with data-dependent shapes have no meta kernel; then the graph runs for real in eval mode under
+``torch.no_grad`` (BatchNorm uses, and never updates, its running stats) and flags are restored.
+Results are stored as meta tensors (or plain Python values) in ``node.meta["prunefx_value"]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch import nn
+from torch.utils._pytree import tree_map
+
+from prunefx.capture.trace import training_mode
+from prunefx.errors import ShapeError
+
+VALUE_KEY = "prunefx_value"
+
+
+# Leaf modules whose output has the input's shape and dtype: on meta tensors their kernels (BatchNorm's
+# decomposition above all) cost more than the whole rest of the pass, and the answer is known.
+_SHAPE_PRESERVING = (
+    nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._InstanceNorm, nn.LayerNorm, nn.GroupNorm,
+    nn.modules.dropout._DropoutNd, nn.Identity, nn.ReLU, nn.ReLU6, nn.SiLU, nn.GELU, nn.Hardswish,
+    nn.Hardsigmoid, nn.Sigmoid, nn.Tanh, nn.LeakyReLU, nn.ELU, nn.Mish, nn.PReLU,
+)
+
+
+class _Recorder(fx.Interpreter):
+    def call_module(self, target: str, args: tuple, kwargs: dict) -> Any:
+        x = args[0] if args else None
+        if isinstance(x, torch.Tensor) and x.device.type == "meta" and not kwargs and len(args) == 1:
+            if isinstance(self.fetch_attr(target), _SHAPE_PRESERVING):
+                return x
+        return super().call_module(target, args, kwargs)
+
+    def run_node(self, n: fx.Node) -> Any:
+        out = super().run_node(n)
+        n.meta[VALUE_KEY] = tree_map(_to_meta, out)
+        return out
+
+
+class _Runner(nn.Module):
+    """Wraps the GraphModule so functional_call can swap its parameters while the Interpreter runs."""
+
+    def __init__(self, gm: fx.GraphModule) -> None:
+        super().__init__()
+        self.gm = gm
+
+    def forward(self, *args: Any) -> Any:
+        return _Recorder(self.gm).run(*args)
+
+
+def _to_meta(x: Any) -> Any:
+    if isinstance(x, torch.Tensor) and x.device.type != "meta":
+        return torch.empty_like(x, device="meta")
+    return x
+
+
+def _on_meta(model: nn.Module) -> bool:
+    return any(t.device.type == "meta" for t in (*model.parameters(), *model.buffers()))
+
+
+def propagate(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> str:
+    """Record a value for every node of ``gm``; returns which pass succeeded ("meta" or "eval")."""
+    runner = _Runner(gm)
+    meta_inputs = tree_map(_to_meta, tuple(example_inputs))
+    try:
+        if _on_meta(gm):
+            runner(*meta_inputs)
+        else:
+            state = {
+                f"gm.{k}": torch.empty_like(v, device="meta")
+                for k, v in (*gm.named_parameters(remove_duplicate=False), *gm.named_buffers(remove_duplicate=False))
+            }
+            torch.func.functional_call(runner, state, meta_inputs, tie_weights=False, strict=False)
+        return "meta"
+    except Exception as meta_exc:  # no meta kernel / data-dependent shape: run for real
+        if _on_meta(gm):
+            raise ShapeError(f"shape propagation on the meta device failed: {meta_exc}") from meta_exc
+        first_error = meta_exc
+    try:
+        with training_mode(gm, False), torch.no_grad():
+            runner(*example_inputs)
+    except Exception as exc:  # noqa: BLE001
+        shapes = [tuple(x.shape) for x in example_inputs if isinstance(x, torch.Tensor)]
+        raise ShapeError(
+            f"the model does not run on example inputs of shape {shapes}: {type(exc).__name__}: "
+            f"{str(exc).split(chr(10) + chr(10) + 'While executing')[0]}. "
+            "Pass inputs the model accepts (e.g. --imgsz / the right number of channels)."
+        ) from first_error
+    return "eval"
+
+
+def value(node_or_const: Any) -> Any:
+    """The recorded value of an fx node, or the constant itself."""
+    if isinstance(node_or_const, fx.Node):
+        return node_or_const.meta.get(VALUE_KEY)
+    return node_or_const

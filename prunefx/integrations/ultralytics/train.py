@@ -1,0 +1,156 @@
+"""Train with ultralytics' own trainer: a pruned module handed over (never rebuilt from yaml), optional BN sparsity.
+
+``YOLO("pruned.pt").train()`` rebuilds the *unpruned* architecture from ``model.yaml`` and copies the tensors that
+still fit. Instead the task's trainer is built from arguments and given the module itself: ``setup_model()``
+keeps a ready ``nn.Module``, and for multi-GPU runs ultralytics pickles ``trainer.model`` and the callbacks into the
+DDP workers' state file, so every worker trains this module. :class:`TrainHooks` is such a callback: it checks
+in every process, after setup, that the model being trained is the one handed over (same parameter count) and
+fails loudly otherwise; and it attaches network-slimming sparsity to the trainer's optimizer as an optimizer
+pre-hook, i.e. after ultralytics' gradient clipping and AMP unscaling (see ``prunefx.train.BNSparsity``).
+
+    best = train_yolo(pruned_model, {"data": "data.yaml", "epochs": 10, ...}, hooks=TrainHooks.for_model(pruned_model))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from prunefx.errors import PrunefxError
+from prunefx.train.sparsity import BNSparsity, TargetSparsity, sparsity_stats
+
+
+def trainer_class(task: str) -> type:
+    """The ultralytics trainer class of a task (detect, segment, pose, obb, classify)."""
+    from ultralytics.models import yolo
+
+    trainers = {
+        "detect": yolo.detect.DetectionTrainer,
+        "segment": yolo.segment.SegmentationTrainer,
+        "pose": yolo.pose.PoseTrainer,
+        "obb": yolo.obb.OBBTrainer,
+        "classify": yolo.classify.ClassificationTrainer,
+    }
+    if task not in trainers:
+        raise PrunefxError(f"no ultralytics trainer for task {task!r}; known: {', '.join(trainers)}")
+    return trainers[task]
+
+
+@dataclass
+class SparsityConfig:
+    """What ``TrainHooks`` attaches: ``s`` (or a TargetSparsity schedule when ``target`` is set), BNs left out."""
+
+    s: float
+    exclude: tuple[str, ...] = ()
+    target: float | None = None
+    threshold: float = 1e-2
+    s_max: float = 3e-2
+    select: float | None = None  # penalise only this fraction, the smallest gammas (BNSparsity's select)
+
+
+@dataclass
+class TrainHooks:
+    """Ultralytics callbacks (picklable, so DDP workers get them): model identity check and BN sparsity."""
+
+    expected_params: int | None = None
+    sparsity: SparsityConfig | None = None
+    log: list[dict[str, Any]] = field(default_factory=list)
+    _sp: BNSparsity | None = field(default=None, repr=False)
+
+    @classmethod
+    def for_model(cls, model: nn.Module, sparsity: SparsityConfig | None = None) -> TrainHooks:
+        return cls(expected_params=param_count(model), sparsity=sparsity)
+
+    def register(self, trainer: Any) -> None:
+        trainer.add_callback("on_pretrain_routine_end", self.on_pretrain_routine_end)
+        trainer.add_callback("on_train_epoch_end", self.on_train_epoch_end)
+
+    def on_pretrain_routine_end(self, trainer: Any) -> None:
+        from ultralytics.utils.torch_utils import unwrap_model
+
+        model = unwrap_model(trainer.model)
+        n = param_count(model)
+        if self.expected_params is not None and n != self.expected_params:
+            raise PrunefxError(
+                f"the trainer is about to train a model with {n:,} parameters, not the {self.expected_params:,} of the "
+                "model handed to it: ultralytics rebuilt it (e.g. from model.yaml). Hand the module over with "
+                "prunefx.integrations.ultralytics.train.train_yolo instead of YOLO(path).train()"
+            )
+        if self.sparsity is None:
+            return
+        sp = self.sparsity
+        schedule = None
+        if sp.target is not None:
+            steps_per_epoch = max(1, len(trainer.train_loader) // max(1, trainer.accumulate))
+            schedule = TargetSparsity(
+                target=sp.target,
+                threshold=sp.threshold,
+                s_max=sp.s_max,
+                total_steps=max(1, steps_per_epoch * (trainer.epochs - trainer.start_epoch)),
+            )
+        self._sp = BNSparsity(model, sp.s, exclude=sp.exclude, schedule=schedule, select=sp.select).attach(
+            trainer.optimizer
+        )
+
+    def on_train_epoch_end(self, trainer: Any) -> None:
+        if self._sp is None:
+            return
+        from ultralytics.utils.torch_utils import unwrap_model
+
+        stats = sparsity_stats(unwrap_model(trainer.model), modules=list(self._sp.modules))
+        self.log.append({"epoch": trainer.epoch + 1, "s": self._sp.step_s, **stats})
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_sp"] = None  # hooks on the parent's optimizer do not travel to DDP workers
+        return state
+
+
+def train_yolo(
+    model: nn.Module | str, args: Mapping[str, Any], *, task: str = "detect", hooks: TrainHooks | None = None
+) -> tuple[Path, Path]:
+    """Train ``model`` (a module, trained as is; or a model yaml, built by ultralytics); returns (best.pt, last.pt).
+
+    ``args`` are ultralytics train arguments (data, epochs, imgsz, project, name, ...).
+    """
+    overrides = dict(args)
+    overrides.setdefault("mode", "train")
+    if isinstance(model, nn.Module):
+        overrides["model"] = str(overrides.get("model") or getattr(model, "yaml_file", "") or "pruned")
+        overrides["task"] = task
+    else:
+        overrides["model"] = str(model)
+    trainer = trainer_class(task)(overrides=overrides)
+    if isinstance(model, nn.Module):
+        for p in model.parameters():
+            p.requires_grad_(True)
+        trainer.model = model.float().train()
+    if hooks is not None:
+        hooks.register(trainer)
+    trainer.train()
+    best, last = Path(trainer.best), Path(trainer.last)
+    if not last.is_file():
+        raise PrunefxError(f"ultralytics training finished without writing {last}")
+    return (best if best.is_file() else last), last
+
+
+def load_yolo(path: str | Path) -> nn.Module:
+    """The float32 model of an ultralytics checkpoint (pruned shapes included), in train mode."""
+    from ultralytics.nn.tasks import load_checkpoint
+
+    try:
+        model, _ = load_checkpoint(str(path))
+    except Exception as exc:  # a truncated file, a non-ultralytics pickle, ...
+        raise PrunefxError(
+            f"cannot load {path} as an ultralytics checkpoint ({type(exc).__name__}: {exc}); "
+            "give a .pt written by ultralytics or prunefx"
+        ) from exc
+    return model.float().train()
+
+
+def param_count(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

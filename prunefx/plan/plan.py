@@ -1,0 +1,120 @@
+"""A decided plan: frozen, printable, JSON-serialisable, tied to the analysed model by a fingerprint.
+
+Deciding (``prunefx.plan.solve.make_plan``) is kept apart from doing (``prunefx.apply_plan``): a plan can be
+printed, reviewed, saved and re-applied to a fresh copy of the model.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from prunefx.analysis.graph import DependencyGraph
+from prunefx.plan.config import PlanError
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """One group's decision: which channels stay (indices in group channel order) and why."""
+
+    group: int
+    before: int
+    after: int
+    keep: tuple[int, ...]
+    why: str
+
+
+@dataclass(frozen=True)
+class PruningPlan:
+    """What to keep in every pruned group, tied to the analysed model by a fingerprint."""
+
+    model: str
+    fingerprint: str
+    input_shapes: tuple[tuple[int, ...], ...]
+    criterion: str
+    target: dict[str, Any]
+    groups: tuple[GroupPlan, ...]
+    skipped: tuple[tuple[int, str], ...] = ()  # (group id, reason) for prunable groups left alone
+    estimate: dict[str, float] = field(default_factory=dict)  # cost model's MACs / params before and after
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["schema"] = "prunefx.plan/1"
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1)
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> PruningPlan:
+        if d.get("schema") != "prunefx.plan/1":
+            raise PlanError(f"not a prunefx plan (schema {d.get('schema')!r}); expected 'prunefx.plan/1'")
+        return PruningPlan(
+            model=d["model"],
+            fingerprint=d["fingerprint"],
+            input_shapes=tuple(tuple(s) for s in d["input_shapes"]),
+            criterion=d["criterion"],
+            target=dict(d["target"]),
+            groups=tuple(
+                GroupPlan(g["group"], g["before"], g["after"], tuple(g["keep"]), g["why"]) for g in d["groups"]
+            ),
+            skipped=tuple((int(a), str(b)) for a, b in d.get("skipped", ())),
+            estimate=dict(d.get("estimate", {})),
+        )
+
+    @staticmethod
+    def from_json(text: str) -> PruningPlan:
+        return PruningPlan.from_dict(json.loads(text))
+
+    @property
+    def pruned(self) -> tuple[GroupPlan, ...]:
+        return tuple(g for g in self.groups if g.after < g.before)
+
+    def summary(self) -> str:
+        before = sum(g.before for g in self.groups)
+        after = sum(g.after for g in self.groups)
+        est = ""
+        if self.estimate:
+            est = f"; estimated MACs {self.estimate['macs_after'] / max(self.estimate['macs_before'], 1):.3f}x"
+        return (
+            f"{self.model}: {len(self.pruned)}/{len(self.groups)} groups pruned, channels {before} -> {after} "
+            f"({1 - after / max(before, 1):.1%} removed) by {self.criterion}{est}"
+        )
+
+    def table(self):
+        from rich.table import Table
+
+        t = Table(title=self.summary())
+        for col in ("group", "before", "after", "why"):
+            t.add_column(col)
+        for g in self.groups:
+            t.add_row(str(g.group), str(g.before), str(g.after), g.why)
+        return t
+
+
+def validate_plan(dg: DependencyGraph, plan: PruningPlan, *, graph_rewrite: bool = False) -> None:
+    """Raise PlanError unless ``plan`` fits ``dg`` exactly; nothing is modified."""
+    if plan.fingerprint != dg.fingerprint():
+        raise PlanError(
+            f"this plan was made for a different model or input shape (plan {plan.model} {plan.fingerprint}, "
+            f"model {dg.model_name} {dg.fingerprint()}); re-plan on this model"
+        )
+    counts = {}
+    for gp in plan.groups:
+        if not 0 <= gp.group < len(dg.groups):
+            raise PlanError(f"plan names group {gp.group}, the model has {len(dg.groups)}")
+        g = dg.groups[gp.group]
+        if not g.prunable:
+            raise PlanError(f"group {g.id} is not prunable: {g.reasons[0]}")
+        if len(set(gp.keep)) != len(gp.keep) or any(not 0 <= k < g.channels for k in gp.keep):
+            raise PlanError(f"group {g.id}: kept indices must be distinct and in [0, {g.channels})")
+        if not gp.keep:
+            raise PlanError(f"group {g.id}: a group cannot be pruned to zero channels")
+        if any(m.kind == "const" for m in g.members) and not graph_rewrite and len(gp.keep) < g.channels:
+            raise PlanError(f"group {g.id}: forward hard-codes its channel count; it needs graph_rewrite")
+        counts[g.id] = len(gp.keep)
+    for gids, why in dg.ties:
+        ns = {counts.get(g, dg.groups[g].channels) for g in gids}
+        if len(ns) > 1:
+            raise PlanError(f"groups {list(gids)} must keep equally many channels ({why}); plan keeps {sorted(ns)}")

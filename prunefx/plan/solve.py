@@ -1,0 +1,215 @@
+"""Decide what to prune: choose kept channels per group so a ratio / FLOPs / params target is met.
+
+    plan = make_plan(dg, scores, PlanConfig(flops=0.5, round_to=8), cost=CostModel(model, dg, inputs))
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+import warnings
+
+import numpy as np
+
+from prunefx.analysis.graph import DependencyGraph
+from prunefx.plan.config import PlanConfig, PlanError
+from prunefx.plan.cost import CostModel
+from prunefx.plan.plan import GroupPlan, PruningPlan
+
+
+def _eligible(
+    dg: DependencyGraph, cfg: PlanConfig, owned_constants: frozenset[str]
+) -> tuple[list[int], list[tuple[int, str]]]:
+    used_patterns: set[str] = set()
+    eligible, skipped = [], []
+    for g in dg.groups:
+        if not g.prunable:
+            continue
+        names = g.modules()
+        hit = [p for p in cfg.ignore if any(fnmatch.fnmatchcase(n, p) for n in names)]
+        used_patterns.update(hit)
+        consts = [m for m in g.members if m.kind == "const" and m.module_type not in owned_constants]
+        if hit:
+            skipped.append((g.id, f"ignored by pattern {hit[0]!r}"))
+        elif consts and not cfg.graph_rewrite:
+            c = consts[0]
+            skipped.append(
+                (
+                    g.id,
+                    f"forward hard-codes this channel count (node '{c.name}' in {c.module_type or 'the model'}); "
+                    "set graph_rewrite=True to rewrite the traced graph",
+                )
+            )
+        elif g.channels <= cfg.min_channels:
+            skipped.append((g.id, f"only {g.channels} channel(s)"))
+        else:
+            eligible.append(g.id)
+    for p in cfg.ignore:
+        if p not in used_patterns:
+            warnings.warn(f"ignore pattern {p!r} matches no module of a prunable group", stacklevel=3)
+    return eligible, skipped
+
+
+def _override(dg: DependencyGraph, gid: int, cfg: PlanConfig) -> float | None:
+    names = dg.groups[gid].modules()
+    for pat, r in cfg.overrides:
+        if any(fnmatch.fnmatchcase(n, pat) for n in names):
+            return r
+    return None
+
+
+def _counts(dg, scores, eligible, cfg, knob: float) -> dict[int, int]:
+    """Kept channel count per eligible group for a global threshold / local ratio ``knob``."""
+    counts = {}
+    for gid in eligible:
+        c = dg.groups[gid].channels
+        if cfg.scope == "global":
+            n = int((scores[gid] > knob).sum())
+        else:
+            r = _override(dg, gid, cfg)
+            n = c - int(math.floor((knob if r is None else r) * c + 1e-9))
+        lo = max(cfg.min_channels, int(math.ceil((1.0 - cfg.max_ratio) * c - 1e-9)))
+        n = min(max(n, lo), c)
+        if cfg.round_to > 1:
+            n = min(c, int(math.ceil(n / cfg.round_to)) * cfg.round_to)
+        counts[gid] = n
+    for gids, _ in dg.ties:  # equal-count ties (chunk halves): the larger count wins
+        tied = [g for g in gids if g in counts]
+        if len(tied) != len(gids):
+            for g in tied:  # a tied partner that cannot be pruned pins the others
+                counts[g] = dg.groups[g].channels
+            continue
+        n = max(counts[g] for g in tied)
+        for g in tied:
+            counts[g] = min(n, dg.groups[g].channels)
+    return counts
+
+
+def _global_ranks(dg, scores: dict[int, np.ndarray], eligible: list[int]) -> dict[int, np.ndarray]:
+    """Replace scores by their rank in one global order (ties broken by relative position in the group)."""
+    if not eligible:
+        return {}
+    vals = np.concatenate([np.asarray(scores[g], dtype=np.float64) for g in eligible])
+    frac = np.concatenate([(np.arange(dg.groups[g].channels) + 0.5) / dg.groups[g].channels for g in eligible])
+    order = np.lexsort((frac, vals))
+    rank = np.empty(len(vals), dtype=np.float64)
+    rank[order] = np.arange(len(vals), dtype=np.float64)
+    out, start = {}, 0
+    for g in eligible:
+        c = dg.groups[g].channels
+        out[g] = rank[start : start + c]
+        start += c
+    return out
+
+
+def _keep(scores: np.ndarray, n: int) -> np.ndarray:
+    order = np.argsort(-scores, kind="stable")[:n]
+    mask = np.zeros(len(scores), dtype=bool)
+    mask[order] = True
+    return mask
+
+
+def make_plan(
+    dg: DependencyGraph,
+    scores: dict[int, np.ndarray],
+    cfg: PlanConfig,
+    *,
+    criterion: str = "custom",
+    cost: CostModel | None = None,
+    owned_constants: frozenset[str] = frozenset(),
+) -> PruningPlan:
+    """Choose kept channels for every eligible group so the target in ``cfg`` is met.
+
+    ``scores``: group id -> one score per channel (higher = keep). ``cost`` is required for flops /
+    params targets, which are solved by bisection on the global threshold (or the local ratio).
+    ``owned_constants``: module types whose attribute fixers rewrite their hard-coded channel counts.
+    """
+    eligible, skipped = _eligible(dg, cfg, owned_constants)
+    missing = [g for g in eligible if g not in scores or len(scores[g]) != dg.groups[g].channels]
+    if missing:
+        raise PlanError(f"scores missing or of wrong length for groups {missing[:5]}")
+    if (cfg.flops is not None or cfg.params is not None) and cost is None:
+        raise PlanError("a flops/params target needs a CostModel (cost=CostModel(model, dg, inputs))")
+
+    if cfg.scope == "global":
+        # One global ranking; equal scores (fresh BatchNorms all have gamma 1) are broken by relative
+        # position inside the group, so ties are pruned evenly across groups instead of group by group.
+        scores = _global_ranks(dg, scores, eligible)
+
+    def masks_for(knob: float) -> dict[int, np.ndarray]:
+        return {g: _keep(scores[g], n) for g, n in _counts(dg, scores, eligible, cfg, knob).items()}
+
+    all_scores = np.sort(np.concatenate([scores[g] for g in eligible])) if eligible else np.zeros(1)
+    total = sum(dg.groups[g].channels for g in eligible)
+
+    def measure_fn(masks: dict[int, np.ndarray]) -> float:
+        """The target's quantity for a plan: removed channel fraction, or kept MACs / params fraction."""
+        if cfg.ratio is not None:
+            return 1.0 - sum(int(m.sum()) for m in masks.values()) / max(total, 1)
+        if cfg.flops is not None:
+            return cost.macs(masks) / cost.macs_total
+        return cost.params(masks) / cost.params_total
+
+    # the removed fraction grows with the knob; kept MACs / params shrink
+    goal, increasing = (cfg.ratio, True) if cfg.ratio is not None else (cfg.flops or cfg.params, False)
+    if cfg.ratio is not None and cfg.scope == "local":
+        knob = cfg.ratio  # per-layer ratio: each group loses exactly this fraction (or its override)
+    else:
+        knob = _bisect(measure_fn, masks_for, goal, increasing, all_scores, cfg.scope)
+    masks = masks_for(knob)
+
+    groups = []
+    for gid in eligible:
+        m = masks[gid]
+        c = dg.groups[gid].channels
+        why = (
+            f"global rank > {int(knob)} of {total}"
+            if cfg.scope == "global"
+            else f"ratio {(_override(dg, gid, cfg) or knob):.3f}"
+        )
+        n_raw = int((scores[gid] > knob).sum()) if cfg.scope == "global" else None
+        if n_raw is not None and int(m.sum()) != n_raw:
+            why += f"; clamped/rounded to {int(m.sum())}"
+        groups.append(GroupPlan(gid, c, int(m.sum()), tuple(np.flatnonzero(m).tolist()), why))
+    target = {k: getattr(cfg, k) for k in ("ratio", "flops", "params") if getattr(cfg, k) is not None}
+    target.update(scope=cfg.scope, round_to=cfg.round_to, min_channels=cfg.min_channels, max_ratio=cfg.max_ratio)
+    if cfg.graph_rewrite:
+        target["graph_rewrite"] = True  # prunefx.load re-applies the plan with the graph rewritten again
+    estimate = {}
+    if cost is not None:
+        estimate = {
+            "macs_before": cost.macs_total,
+            "macs_after": cost.macs(masks),
+            "params_before": cost.params_total,
+            "params_after": cost.params(masks),
+        }
+    return PruningPlan(
+        dg.model_name, dg.fingerprint(), dg.input_shapes, criterion, target, tuple(groups), tuple(skipped), estimate
+    )
+
+
+def _bisect(measure_fn, masks_for, goal: float, increasing: bool, all_scores: np.ndarray, scope: str) -> float:
+    """Find the knob whose plan measures closest to ``goal`` (monotone in the knob)."""
+    if scope == "global":  # knob = a threshold between sorted scores: search over their indices
+        cands = np.concatenate([[all_scores[0] - 1.0], all_scores])
+    else:  # knob = the per-group ratio
+        cands = np.linspace(0.0, 0.999, 2000)
+    lo, hi = 0, len(cands) - 1
+
+    def value(i: int) -> float:
+        return measure_fn(masks_for(float(cands[i])))
+
+    # measured value moves away from the unpruned end as i grows; find the first i reaching the goal
+    reached = (lambda v: v >= goal - 1e-12) if increasing else (lambda v: v <= goal + 1e-12)
+    if not reached(value(hi)):
+        return float(cands[hi])
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if reached(value(mid)):
+            hi = mid
+        else:
+            lo = mid + 1
+    # the step before may land closer to the goal
+    if lo > 0 and abs(value(lo - 1) - goal) < abs(value(lo) - goal):
+        lo -= 1
+    return float(cands[lo])

@@ -1,0 +1,122 @@
+"""Bias compensation: fold what the removed channels still contributed into the layers that read them.
+
+A channel pruned because its BatchNorm gamma is ~0 still outputs a near-constant ``act(beta)``; removing
+it shifts every consumer's output by ``W[:, c] * value``. Measuring each removed channel's mean at each
+consumer's input and adding ``sum_c W[:, c] * mean_c`` to the consumer's bias (or subtracting it from the
+running mean of the BatchNorm right after it) keeps the model close to the unpruned one right after
+pruning. Exact for a channel that is constant at a 1x1 conv or Linear; for a k x k conv with padding it is
+exact away from the borders (the padded positions never saw the constant).
+
+Call it before ``apply_plan`` (it needs the original widths); it changes values, never shapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch import nn
+
+from prunefx.analysis.graph import DependencyGraph
+from prunefx.capture.trace import training_mode
+from prunefx.plan import PruningPlan
+from prunefx.transform.keep import keep_by_root, kept_positions
+
+
+@dataclass(frozen=True)
+class Compensation:
+    """Which consumers absorbed the removed channels' contribution, and which could not, and why."""
+
+    folded: tuple[tuple[str, str], ...]  # (consumer, where: "bias" | "<bn name>.running_mean")
+    skipped: tuple[tuple[str, str], ...]  # (consumer, reason)
+
+
+def _pruned_inputs(dg: DependencyGraph, plan: PruningPlan) -> dict[str, torch.Tensor]:
+    sorted_roots, keep = keep_by_root(dg, plan)
+    out = {}
+    for (kind, name, role), roots in dg.record_roots.items():
+        if kind == "module" and role == "in":
+            kept = set(kept_positions(roots, sorted_roots, keep).tolist())
+            gone = [p for p in range(len(roots)) if p not in kept]
+            if gone:
+                out[name] = torch.tensor(gone)
+    return out
+
+
+def compensate(
+    model: nn.Module,
+    dg: DependencyGraph,
+    plan: PruningPlan,
+    example_inputs: Sequence[Any],
+    *,
+    calibration: Iterable[Sequence[Any]] = (),
+) -> Compensation:
+    """Shift consumers' biases by the mean contribution of their soon-removed input channels."""
+    targets = _pruned_inputs(dg, plan)
+    folded, skipped, means, counts, hooks = [], [], {}, {}, []
+    layers = {}
+    for name in targets:
+        m = model.get_submodule(name)
+        if isinstance(m, nn.Linear) or (isinstance(m, nn.modules.conv._ConvNd) and m.groups == 1 and not m.transposed):
+            layers[name] = m
+        else:
+            skipped.append((name, f"{type(m).__name__} (grouped/transposed/other layers are not compensated)"))
+
+    def hook(name: str):
+        def fn(module: nn.Module, args: tuple) -> None:
+            x = args[0].detach()
+            dim = x.dim() - 1 if isinstance(module, nn.Linear) else 1
+            reduce = [d for d in range(x.dim()) if d != dim]
+            means[name] = means.get(name, 0) + x.mean(reduce)
+            counts[name] = counts.get(name, 0) + 1
+
+        return fn
+
+    for name, m in layers.items():
+        hooks.append(m.register_forward_pre_hook(hook(name)))
+    try:
+        with training_mode(model, False), torch.no_grad():
+            for batch in (tuple(example_inputs), *calibration):
+                model(*batch)
+    finally:
+        for h in hooks:
+            h.remove()
+
+    followers = _single_bn_follower(dg.gm)
+    with torch.no_grad():
+        for name, m in layers.items():
+            if name not in means:
+                skipped.append((name, "not called on the example inputs"))
+                continue
+            gone = targets[name]
+            mean = means[name] / counts[name]
+            w = m.weight[:, gone]
+            w = w.sum(dim=tuple(range(2, w.dim()))) if w.dim() > 2 else w
+            delta = w @ mean[gone].to(w.dtype)
+            bn_name = followers.get(name)
+            if bn_name is not None:
+                model.get_submodule(bn_name).running_mean.sub_(delta)  # BN(z + d) with mean mu - d == BN(z) shifted
+                folded.append((name, f"{bn_name}.running_mean"))
+            elif m.bias is not None:
+                m.bias.add_(delta)
+                folded.append((name, "bias"))
+            else:
+                skipped.append((name, "no bias and no BatchNorm right after it"))
+    return Compensation(tuple(folded), tuple(skipped))
+
+
+def _single_bn_follower(gm: fx.GraphModule) -> dict[str, str]:
+    """Layer -> the BatchNorm (with running stats) that alone consumes its output."""
+    modules = dict(gm.named_modules())
+    out = {}
+    for node in gm.graph.nodes:
+        if node.op != "call_module" or len(node.users) != 1:
+            continue
+        user = next(iter(node.users))
+        bn = modules.get(user.target) if user.op == "call_module" else None
+        if isinstance(bn, nn.modules.batchnorm._BatchNorm) and bn.track_running_stats and bn.running_mean is not None:
+            out[str(node.target)] = str(user.target)
+    return out

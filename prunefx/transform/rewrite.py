@@ -1,0 +1,100 @@
+"""Apply a ``PruningPlan`` to the model in place: slice parameters and buffers, fix module attributes.
+
+The model keeps its own classes and forward. Every tensor is sliced along the dims the analysis
+recorded (the parameter records are the single truth), then each pruned module's attributes are
+re-derived from its new tensors (``in_channels``, ``num_features``, ``groups``...). Everything is
+validated before the first tensor is touched, so a plan that fails leaves the model as it was.
+"""
+
+from __future__ import annotations
+
+import ast
+
+import torch
+from torch import nn
+
+from prunefx import _plugins
+from prunefx.analysis.graph import DependencyGraph
+from prunefx.plan import PlanError, PruningPlan, validate_plan
+from prunefx.transform.fixers import fix_attributes
+from prunefx.transform.keep import keep_by_root, kept_positions
+
+
+def apply_plan(model: nn.Module, dg: DependencyGraph, plan: PruningPlan, *, graph_rewrite: bool = False) -> nn.Module:
+    """Prune ``model`` in place according to ``plan`` (made from ``dg``, the analysis of this model).
+
+    Returns the module to use from now on: ``model`` itself, or, when the plan needed literal channel counts in
+    forward rewritten (``graph_rewrite``), the recompiled GraphModule ``dg.gm``, which shares the pruned modules
+    (its graph is the training-mode trace: module calls follow ``.eval()``, Python branches on ``self.training`` were
+    fixed when it was traced).
+    """
+    validate_plan(dg, plan, graph_rewrite=graph_rewrite)
+    _plugins.activate()  # fixers of the model's library
+    sorted_roots, keep = keep_by_root(dg, plan)
+    slices: dict[str, list[tuple[int, torch.Tensor]]] = {}
+    widths: dict[str, dict[str, int]] = {}
+    consts: list[tuple[str, str, int]] = []
+    for (kind, name, role), roots in dg.record_roots.items():
+        pos = kept_positions(roots, sorted_roots, keep)
+        if kind == "param" and len(pos) < len(roots):
+            slices.setdefault(name, []).append((int(role[3:]), torch.as_tensor(pos)))
+        elif kind == "module":
+            widths.setdefault(name, {})[role] = len(pos)
+        elif kind == "const" and len(pos) < len(roots):
+            consts.append((name, role, len(pos)))
+    tensors = dict(model.named_parameters(remove_duplicate=False))
+    tensors.update(model.named_buffers(remove_duplicate=False))
+    missing = [n for n in slices if n not in tensors]
+    if missing:
+        raise PlanError(f"the model has no tensor named {missing[0]!r}: was the plan made on another model?")
+    _slice_tensors(model, tensors, slices)
+    fix_attributes(model, widths)
+    if consts:  # the literals live in the traced graph: hand back the GraphModule that holds them
+        _rewrite_constants(dg, consts)
+        return dg.gm
+    return model
+
+
+def _slice_tensors(model: nn.Module, tensors: dict[str, torch.Tensor], slices) -> None:
+    done: dict[int, torch.Tensor] = {}  # tied tensors are sliced once and stay tied
+    for name, dims in slices.items():
+        old = tensors[name]
+        new = done.get(id(old))
+        if new is None:
+            data = old.detach()
+            for dim, idx in dims:
+                data = data.index_select(dim, idx.to(data.device))
+            # index_select already returns fresh memory: no copy of the old tensor is kept alive
+            new = nn.Parameter(data, requires_grad=old.requires_grad) if isinstance(old, nn.Parameter) else data
+            done[id(old)] = new
+        owner_name, _, attr = name.rpartition(".")
+        owner = model.get_submodule(owner_name)
+        setattr(owner, attr, new)
+    # tied names that were not recorded themselves still point at the old tensor: repoint them
+    for name, t in tensors.items():
+        if id(t) in done and name not in slices:
+            owner_name, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(owner_name), attr, done[id(t)])
+
+
+def _rewrite_constants(dg: DependencyGraph, consts: list[tuple[str, str, int]]) -> None:
+    """Replace literal channel counts in the traced graph (``view(b, 512, -1)``) with the new widths."""
+    nodes = {n.name: n for n in dg.gm.graph.nodes}
+    for node_name, role, value in consts:
+        node = nodes[node_name]
+        path = (
+            ast.literal_eval("[" + role.replace("][", "],[").strip("args") + "]") if role.startswith("args") else None
+        )
+        if path is None:
+            raise PlanError(f"cannot rewrite constant {role} of node {node_name}")
+        args = list(node.args)
+        head = path[0][0]
+        if len(path) == 1:
+            args[head] = value
+        else:
+            inner = list(args[head])
+            inner[path[1][0]] = value
+            args[head] = type(node.args[head])(inner)
+        node.args = tuple(args)
+    dg.gm.graph.lint()
+    dg.gm.recompile()

@@ -1,0 +1,88 @@
+"""experiments/bench_analysis.py --quick runs end to end and writes a well-formed CSV and Markdown report."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "experiments" / "bench_analysis.py"
+HAS_TP = importlib.util.find_spec("torch_pruning") is not None
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("bench_analysis", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.slow
+def test_bench_analysis_quick_writes_csv_and_md(tmp_path):
+    bench = _load_script()
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--quick", "--out", str(tmp_path), "--timeout", "120"],
+        capture_output=True, text=True, timeout=600, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    with (tmp_path / "analysis_speed.csv").open() as f:
+        reader = csv.DictReader(f)
+        assert reader.fieldnames == bench.CSV_FIELDS
+        rows = list(reader)
+    assert [r["model"] for r in rows] == bench.QUICK_MODELS
+    for r in rows:
+        assert r["prunefx_status"] == "ok" and 0 < float(r["prunefx_s"]) < 60
+        assert float(r["prunefx_min_s"]) <= float(r["prunefx_s"])
+        assert int(r["prunable_groups"]) > 0 and int(r["groups"]) >= int(r["prunable_groups"])
+        assert float(r["params_m"]) > 0 and r["input"] == "1x3x224x224"
+        if HAS_TP:
+            for tool in ("tp_real", "tp_meta"):
+                status = r[f"{tool}_status"]
+                assert status == "ok" or status.startswith(("error", "timeout")), status
+                if status == "ok":
+                    ratio = float(r[f"{tool}_over_prunefx"])
+                    assert ratio == pytest.approx(float(r[f"{tool}_s"]) / float(r["prunefx_s"]), rel=0.01, abs=0.01)
+        else:
+            assert r["tp_real_status"] == r["tp_meta_status"] == ""
+
+    md = (tmp_path / "analysis_speed.md").read_text()
+    keys = ("- date:", "- cpu:", "logical CPUs", "- threads: 2", "- torch:", "- repeats: 1", "median")
+    keys += ("- torch-pruning:",)
+    for key in keys:
+        assert key in md, key
+    table = [line for line in md.splitlines() if line.startswith("| ")]
+    assert len(table) == 1 + len(rows)  # header + one line per model
+    assert all(line.count("|") == table[0].count("|") for line in table)
+    assert "## Summary" in md and "over 0.3 s" in md
+    assert "analysis time" in proc.stdout  # the rich table was printed
+
+
+def test_summary_and_files_from_synthetic_rows(tmp_path):
+    """The report helpers on hand-made rows: timeouts and errors show as such, ratios are Torch-Pruning / prunefx."""
+    bench = _load_script()
+    rows = [
+        {"model": "a", "params_m": 1.0, "input": "1x3x224x224", "prunefx_s": 0.1, "prunefx_min_s": 0.09,
+         "prunefx_status": "ok", "groups": 5, "prunable_groups": 4, "tp_real_s": 0.4, "tp_real_status": "ok",
+         "tp_meta_s": None, "tp_meta_status": "timeout", "tp_real_over_prunefx": 4.0, "tp_meta_over_prunefx": None},
+        {"model": "b", "params_m": 2.0, "input": "1x3x224x224", "prunefx_s": 0.5, "prunefx_min_s": 0.5,
+         "prunefx_status": "ok", "groups": 3, "prunable_groups": 2, "tp_real_s": None,
+         "tp_real_status": "error: ZeroDivisionError", "tp_meta_s": 1.0, "tp_meta_status": "ok",
+         "tp_real_over_prunefx": None, "tp_meta_over_prunefx": 2.0},
+    ]  # fmt: skip
+    lines = bench.summary(rows)
+    assert "over 0.3 s: 1 models: b 0.50" in lines
+    assert "tp_real failed on 1 models: b (error: ZeroDivisionError)" in lines
+    assert "tp_meta failed on 1 models: a (timeout)" in lines
+    assert any(line.startswith("tp_real / prunefx on 1 models: geometric mean 4.00x") for line in lines)
+    bench.write_csv(rows, tmp_path / "x.csv")
+    bench.write_md(rows, {"date": "today"}, tmp_path / "x.md")
+    got = list(csv.DictReader((tmp_path / "x.csv").open()))
+    assert got[0]["tp_meta_status"] == "timeout" and got[0]["tp_meta_s"] == ""
+    md = (tmp_path / "x.md").read_text()
+    assert "| a | 1.0 | 0.100 | 5 (4) | 0.400 | timeout | - | 4.0x | - |" in md

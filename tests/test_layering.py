@@ -1,0 +1,88 @@
+"""Dependencies point down: every import inside prunefx is checked against the allowed directions (LAYOUT.md)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CORE = {"capture", "analysis", "importance", "plan", "transform", "verify", "checkpoint", "api"}
+BASE = {"errors", "_io", "_plugins"}
+# unit -> the units it may import (besides itself and BASE)
+ALLOWED: dict[str, set[str]] = {
+    "capture": set(),
+    "analysis": {"capture"},
+    "metrics": set(),
+    "importance": {"analysis", "capture"},
+    "plan": {"analysis", "metrics"},
+    "transform": {"analysis", "capture", "plan"},
+    "verify": {"analysis", "capture", "plan"},
+    "checkpoint": {"analysis", "plan", "transform"},
+    "api": {"analysis", "importance", "plan", "transform", "verify"},
+    "report": {"metrics"},
+    "data": set(),
+    "train": {"analysis", "data"},
+    "zoo": set(),
+    "integrations": CORE | {"metrics", "train", "data", "report", "integrations"},
+    "spec": CORE | {"integrations", "metrics"},
+    "pipeline": CORE | {"metrics", "report", "train", "data", "integrations", "spec", "zoo", "__init__"},
+    "cli": CORE | {"metrics", "report", "train", "data", "integrations", "spec", "zoo", "pipeline", "__init__"},
+    "__init__": CORE | {"integrations"},
+}
+UNITS = set(ALLOWED) | BASE
+# Libraries the core must never import, not even lazily inside a function.
+FORBIDDEN_IN_CORE = ("torchvision", "ultralytics", "typer", "timm", "transformers")
+
+
+def _files() -> list[tuple[str, Path]]:
+    out = [(str(p.relative_to(ROOT / "prunefx").with_suffix("")), p) for p in (ROOT / "prunefx").rglob("*.py")]
+    out += [("cli/" + p.stem, p) for p in (ROOT / "cli").glob("*.py")]
+    return out
+
+
+def _unit(rel: str) -> str:
+    head = rel.split("/")[0]
+    return head if head in ALLOWED or head in BASE else rel
+
+
+def _imports(path: Path) -> list[tuple[str, int]]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(a.name, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == "prunefx":  # from prunefx import x: x is a unit, or a name of the public facade
+                found += [(f"prunefx.{a.name if a.name in UNITS else '__init__'}", node.lineno) for a in node.names]
+            else:
+                found.append((node.module, node.lineno))
+        elif isinstance(node, ast.ImportFrom) and node.level:
+            found.append(("<relative>", node.lineno))
+    return found
+
+
+@pytest.mark.parametrize("rel,path", _files(), ids=lambda x: str(x) if isinstance(x, str) else "")
+def test_imports_point_down(rel: str, path: Path) -> None:
+    unit = _unit(rel)
+    assert unit in ALLOWED or unit in BASE, f"{rel}: not placed in the layering table (tests/test_layering.py)"
+    allowed = ALLOWED.get(unit, set()) | BASE | {unit}
+    bad = []
+    for module, line in _imports(path):
+        if module == "<relative>":
+            bad.append(f"line {line}: relative import (use absolute prunefx.* imports)")
+            continue
+        parts = module.split(".")
+        if parts[0] == "prunefx" and len(parts) > 1:
+            target = parts[1]
+            if target not in allowed and not (unit == "cli" and target == "cli"):
+                bad.append(f"line {line}: {unit} imports prunefx.{target}")
+        elif unit in CORE and parts[0] in FORBIDDEN_IN_CORE:
+            bad.append(f"line {line}: the core imports {parts[0]}")
+    assert not bad, f"{path.relative_to(ROOT)}: " + "; ".join(bad)
+
+
+def test_every_unit_in_the_table_exists() -> None:
+    units = {_unit(rel) for rel, _ in _files()}
+    assert set(ALLOWED) - {"__init__"} <= units | {"__init__"}, set(ALLOWED) - units

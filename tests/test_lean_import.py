@@ -1,0 +1,26 @@
+"""``import prunefx`` stays cheap: it imports no optional framework (its time over ``import torch`` is a benchmark:
+``python -m experiments.run import_time``, not a timed test)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+HEAVY = ("torchvision", "ultralytics", "typer", "rich", "matplotlib", "yaml", "cv2", "timm", "transformers")
+_PROBE = """
+import json, sys, time
+t0 = time.perf_counter(); import torch; t1 = time.perf_counter(); import prunefx; t2 = time.perf_counter()
+print(json.dumps({"torch": t1 - t0, "prunefx": t2 - t1, "modules": sorted(sys.modules)}))
+"""
+
+
+def _probe() -> dict:
+    out = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_import_prunefx_loads_no_optional_framework() -> None:
+    modules = _probe()["modules"]
+    loaded = sorted({m.split(".")[0] for m in modules} & set(HEAVY))
+    assert not loaded, f"import prunefx imported {loaded}"

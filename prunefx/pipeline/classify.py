@@ -330,6 +330,8 @@ def _sparsity(ctx: _Ctx, info: dict[str, Any]) -> None:
 
 def _prune(ctx: _Ctx, info: dict[str, Any]) -> None:
     from .. import prune, save
+    from ..analysis.view import graph_data
+    from ..report import write_graph
 
     spec, run = ctx.job.prune, ctx.run
     source = prune_source(run, ctx.weights)
@@ -344,6 +346,7 @@ def _prune(ctx: _Ctx, info: dict[str, Any]) -> None:
                    bias_compensation=spec.bias_compensation, **kwargs)
     info.update(check_pruned(result, spec, source))
     atomic_write(ctx.root / "plan.json", result.plan.to_json().encode())
+    write_graph(ctx.root, graph_data(result.graph, result.plan))  # report.html draws the graph from it
     save(model, result.plan, ctx.weights / "pruned.pt")
     est = result.plan.estimate
     info["macs_kept_estimate"] = est["macs_after"] / est["macs_before"] if est.get("macs_before") else None

@@ -325,6 +325,8 @@ def _sparsity(ctx: _Ctx, info: dict[str, Any]) -> None:
 def _prune(ctx: _Ctx, info: dict[str, Any]) -> None:
     from .. import prune
     from ..integrations.ultralytics_io import save_yolo
+    from ..analysis.view import graph_data
+    from ..report import write_graph
     from ..integrations.ultralytics_train import load_yolo
 
     spec = ctx.job.prune
@@ -334,6 +336,7 @@ def _prune(ctx: _Ctx, info: dict[str, Any]) -> None:
                    bias_compensation=spec.bias_compensation)
     info.update(check_pruned(result, spec, source))
     atomic_write(ctx.run.root / "plan.json", result.plan.to_json().encode())
+    write_graph(ctx.run.root, graph_data(result.graph, result.plan))  # report.html draws the graph from it
     save_yolo(model, ctx.weights / "pruned.pt", plan=result.plan, train_args=dict(getattr(model, "args", {}) or {}))
     ctx.log(f"  {len(result.plan.pruned)} of {len(result.plan.groups)} groups pruned; verify: {info['verify']}")
     info["metrics"] = _evaluate(ctx, ctx.weights / "pruned.pt", "pruned")

@@ -11,8 +11,10 @@ from prunefx.report import load_report, render_table, write_report, write_report
 
 def report(
     run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="Directory of a pruning run (holds report.json).")],
-    write: Annotated[bool, typer.Option("--write", help="Also rewrite report.json, report.md, report.html and the plots.")] = False,
-    html: Annotated[bool, typer.Option("--html", help="Also rewrite report.html (the interactive page) only.")] = False,
+    write: Annotated[
+        bool, typer.Option("--write", help="Also rewrite report.json, report.md, report.html and the plots.")
+    ] = False,
+    html: Annotated[bool, typer.Option("--html", help="Also write report.html (the interactive page) only.")] = False,
     # Read by cli.main's error handler, which is the only code that needs it.
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="On error, also print the traceback.")] = False,
 ) -> None:

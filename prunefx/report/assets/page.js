@@ -6,7 +6,6 @@
   const D = JSON.parse(document.getElementById("data").textContent);
   const G = D.graph, L = D.layout, REPORT = D.mode === "report";
   const nodes = G.nodes, groups = G.groups, N = nodes.length;
-  const NS = "http://www.w3.org/2000/svg";
   const $ = (id) => document.getElementById(id);
   const esc = (s) => String(s).replace(/[&<>"']/g, (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c]));
   const byId = new Map(groups.map((g) => [g.id, g]));
@@ -18,7 +17,9 @@
     if (gid < 0) return FIXED;
     const g = byId.get(gid);
     if (g && !g.prunable) return FROZEN;
-    const hue = (gid * 137.508) % 360, light = [70, 60, 80][gid % 3], sat = [70, 62, 75][(gid >> 1) % 3];
+    // Blues and violets look darker than yellows at equal HSL lightness: lift them so black text stays readable.
+    const hue = (gid * 137.508) % 360, lift = hue > 200 && hue < 300 ? 10 : hue > 40 && hue < 190 ? -4 : 0;
+    const light = Math.min(80, [68, 58, 76][gid % 3] + lift), sat = [70, 62, 75][(gid >> 1) % 3];
     return `hsl(${hue.toFixed(1)},${sat}%,${light}%)`;
   }
   function keptColor(frac) { // red (all removed) -> amber -> green (all kept)
@@ -38,6 +39,8 @@
   for (const g of groups) for (const m of g.members) for (const i of m.node) {
     if (!memberOf[i].some((x) => x.g === g.id && x.role === m.role)) memberOf[i].push({g: g.id, role: m.role, slices: m.slices});
   }
+  const preds = Array.from({length: N}, () => []);
+  for (const [s, t] of G.edges) if (!preds[t].includes(s)) preds[t].push(s);
   const leafSet = new Set(Object.keys(G.auto_leaves)), unknownSet = new Set(Object.keys(G.unknown_ops));
   const reasonsOf = (gid) => (byId.get(gid)?.reasons || []).map((r) => r.split(" (node")[0]);
 
@@ -208,7 +211,8 @@
     s += `</div>`;
     for (const r of g.reasons) s += `<div class="reason">frozen: ${esc(r)}</div>`;
     if (g.prunable && !g.exact) for (const r of g.inexact_reasons) s += `<div class="note">not exactly verifiable: ${esc(r)}</div>`;
-    for (const r of g.constraints) s += `<div class="note">constraint: ${esc(r)}</div>`;
+    // An equal-count constraint is stated by the tie line below, with the group it is tied to.
+    for (const r of g.constraints) if (!r.startsWith("keeps as many channels as group")) s += `<div class="note">constraint: ${esc(r)}</div>`;
     for (const t of G.ties) if (t.groups.includes(g.id)) {
       s += `<div class="note tie">tied: keeps as many channels as group ${t.groups.filter((x) => x !== g.id).join(", ")} (${esc(t.why)})</div>`;
     }
@@ -244,17 +248,16 @@
       if (REPORT) h += ` · kept <b class="kept">${n.kept}</b> of ${total[i]}`;
       h += `</div>`;
     }
-    const out = carries[i];
-    const inputs = memberOf[i].filter((m) => !out.includes(m.g));
+    // Output channels: the groups its result carries. Input side: the groups it is a member of otherwise (a
+    // conv's input columns, with the role), then those its inputs carry (what an op without a rule froze).
+    const out = carries[i], inputs = new Map();
+    for (const m of memberOf[i]) if (!out.includes(m.g) && !inputs.has(m.g)) inputs.set(m.g, m.role + " " + m.slices);
+    for (const p of preds[i]) for (const g of carries[p]) if (!out.includes(g) && !inputs.has(g)) inputs.set(g, "");
     h += `<h3>Output channels</h3>`;
     h += out.length ? out.map((g) => groupCard(g, "")).join("") : `<div class="empty">none that belong to a group</div>`;
-    if (inputs.length) {
-      h += `<h3>Also a member of</h3>`;
-      const seen = new Set();
-      for (const m of inputs) if (!seen.has(m.g)) { seen.add(m.g); h += groupCard(m.g, m.role + " " + m.slices); }
-    }
+    if (inputs.size) h += `<h3>Input channels</h3>` + [...inputs].map(([g, role]) => groupCard(g, role)).join("");
     $("panel").innerHTML = h;
-    const first = gid !== undefined && gid !== null ? gid : out.length ? out[0] : inputs.length ? inputs[0].g : null;
+    const first = gid !== undefined && gid !== null ? gid : out.length ? out[0] : inputs.size ? inputs.keys().next().value : null;
     highlight(first);
     if (recenter) centerOn(i);
   }
@@ -277,7 +280,9 @@
     const leaves = Object.entries(G.auto_leaves), unknown = Object.entries(G.unknown_ops);
     if (leaves.length) h += `<h3>Traced as leaves</h3>` + leaves.map(([m, r]) => `<div class="reason"><span class="mono">${esc(m)}</span>: ${esc(r)}</div>`).join("");
     if (unknown.length) h += `<h3>Ops without a rule</h3>` + unknown.map(([m, r]) => `<div class="reason"><span class="mono">${esc(m)}</span>: ${esc(r)}</div>`).join("");
-    h += `<h3>${REPORT ? "Plan: per-group decisions" : "Groups"}</h3><table class="list"><tr><th>id</th><th>group</th>`;
+    const cols = REPORT ? [28, 150, 98, 0] : [28, 0, 44, 110];  // px; 0: the rest
+    h += `<h3>${REPORT ? "Plan: per-group decisions" : "Groups"}</h3><table class="list"><colgroup>` +
+      cols.map((w) => w ? `<col style="width:${w}px">` : "<col>").join("") + `</colgroup><tr><th>id</th><th>group</th>`;
     h += REPORT ? `<th>kept</th><th>why</th></tr>` : `<th>ch</th><th>state</th></tr>`;
     for (const g of groups) {
       const sw = `<i style="display:inline-block;width:9px;height:9px;background:${groupColor(g.id)};border:1px solid #777;margin-right:4px"></i>`;
@@ -355,7 +360,13 @@
   renderSummary();
   buildFilter();
   if (REPORT) {
-    $("colour").addEventListener("change", () => { colourMode = $("colour").value; redrawNodes(); });
+    const groupsLegend = $("legend").innerHTML;
+    $("colour").addEventListener("change", () => {
+      colourMode = $("colour").value;
+      $("legend").innerHTML = colourMode === "kept" ? [0, 0.5, 1].map((f) =>
+        `<span><i style="background:${keptColor(f)}"></i>${f * 100}% kept</span>`).join("") : groupsLegend;
+      redrawNodes();
+    });
   }
   $("fit").addEventListener("click", () => fit(true));
   $("fitw").addEventListener("click", () => fit(false));
@@ -365,7 +376,13 @@
   draw();
   overview();
   fit(false);
-  window.prunefxView = {select: (name) => { const i = nodes.findIndex((n) => n.target === name || n.name === name); if (i >= 0) select(i, undefined, true); return i; }};
+  // For scripts and tests: find a node by module name (or fx node name), select it or only bring it into view.
+  const find = (name) => nodes.findIndex((n) => n.target === name || n.name === name);
+  window.prunefxView = {
+    select: (name) => { const i = find(name); if (i >= 0) select(i, undefined, true); return i; },
+    reveal: (name) => { const i = find(name); if (i >= 0) centerOn(i); return i; },
+    groupColor,
+  };
   requestAnimationFrame(() => requestAnimationFrame(() => {
     window.prunefxRenderMs = performance.now() - t0;
     document.body.dataset.ready = "1";

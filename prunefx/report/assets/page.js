@@ -322,6 +322,10 @@
     if (ev.key === "Enter" && hits.length) { select(hits[0], undefined, true); $("results").innerHTML = ""; }
     if (ev.key === "Escape") { $("search").value = ""; $("results").innerHTML = ""; }
   });
+  document.addEventListener("click", (ev) => { if (!ev.target.closest(".searchbox")) $("results").innerHTML = ""; });
+  document.addEventListener("keydown", (ev) => {
+    if (ev.key === "Escape" && ev.target === document.body) clearSelection();
+  });
   $("results").addEventListener("click", (ev) => {
     const li = ev.target.closest("li");
     if (li) { select(+li.dataset.i, undefined, true); $("results").innerHTML = ""; }

@@ -1,4 +1,4 @@
-"""``prunefx analyze SPEC``: print a model's groups of coupled channels and optionally save them as JSON."""
+"""``prunefx analyze SPEC``: print a model's groups of coupled channels; optionally save them as JSON or HTML."""
 
 from pathlib import Path
 from typing import Annotated
@@ -17,6 +17,11 @@ def analyze(
     json_path: Annotated[
         Path | None,
         typer.Option("--json", help="Also write the groups as JSON to this file.", dir_okay=False),
+    ] = None,
+    html_path: Annotated[
+        Path | None,
+        typer.Option("--html", help="Also write an interactive page of the graph and its groups to this file.",
+                     dir_okay=False),
     ] = None,
     max_members: Annotated[int, typer.Option(min=1, help="Members listed per group in the table.")] = 6,
     # Read by cli.main's error handler, which is the only code that needs it.
@@ -38,3 +43,7 @@ def analyze(
         json_path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(json_path, dg.to_json().encode())
         console.out(f"wrote {json_path}")
+    if html_path is not None:
+        html_path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(html_path, dg.to_html().encode())
+        console.out(f"wrote {html_path}")

@@ -11,12 +11,13 @@ from rich.console import Console
 
 import prunefx
 from prunefx._io import atomic_write
+from prunefx.analysis.view import graph_data
 from prunefx.errors import PrunefxError
 from prunefx.integrations.ultralytics.gflops import ultralytics_gflops
 from prunefx.metrics import latency as measure_latency
 from prunefx.metrics import measure
 from prunefx.pipeline import is_config, run_config
-from prunefx.report import Stage, build_report, load_report, render_table, write_report
+from prunefx.report import Stage, build_report, load_report, render_table, write_graph, write_report
 from prunefx.spec import FORMS, SIZES, load_spec
 
 
@@ -127,6 +128,7 @@ def prune(
     tmp = Path(tempfile.mkdtemp(dir=run_dir.parent, prefix=f".{run_dir.name}."))
     try:
         atomic_write(tmp / "plan.json", result.plan.to_json().encode())
+        write_graph(tmp, graph_data(result.graph, result.plan))  # report.html draws the graph from it
         if is_yolo:
             from prunefx.integrations.ultralytics.io import save_yolo
 
@@ -144,7 +146,7 @@ def prune(
     console.print(result.plan.summary())
     style = "green" if result.verified.ok else "bold red"
     console.print(f"[{style}]verify: {result.verified.message}[/{style}]")
-    console.print(f"run directory: {run_dir} (report.md, report.json, plan.json, pruned.pt)")
+    console.print(f"run directory: {run_dir} (report.md, report.html, report.json, plan.json, pruned.pt)")
     if not result.verified.ok:
         raise typer.Exit(1)
 

@@ -6,12 +6,15 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from prunefx.report import load_report, render_table, write_report
+from prunefx.report import load_report, render_table, write_report, write_report_html
 
 
 def report(
     run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="Directory of a pruning run (holds report.json).")],
-    write: Annotated[bool, typer.Option("--write", help="Also rewrite report.json, report.md and the plots.")] = False,
+    write: Annotated[
+        bool, typer.Option("--write", help="Also rewrite report.json, report.md, report.html and the plots.")
+    ] = False,
+    html: Annotated[bool, typer.Option("--html", help="Also write report.html (the interactive page) only.")] = False,
     # Read by cli.main's error handler, which is the only code that needs it.
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="On error, also print the traceback.")] = False,
 ) -> None:
@@ -22,3 +25,5 @@ def report(
     if write:
         for path in write_report(run_dir, data):
             console.out(f"wrote {path}")
+    elif html:
+        console.out(f"wrote {write_report_html(run_dir, data)}")

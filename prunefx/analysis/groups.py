@@ -89,7 +89,8 @@ class Group:
         first = next((m for m in members if m.role == "out"), members[0] if members else None)
         return f"{first.name} {first.describe()}" if first is not None else f"group {self.id}"
 
-    def to_dict(self) -> dict:
+    def to_dict(self, positions: bool = True) -> dict:
+        """The ``analyze --json`` group; ``positions=False`` leaves out the per-channel indices (large, slow)."""
         return {
             "id": self.id,
             "channels": self.channels,
@@ -99,8 +100,8 @@ class Group:
             "exact": self.exact,
             "inexact_reasons": list(self.inexact_reasons),
             "members": [
-                {"kind": m.kind, "name": m.name, "role": m.role, "type": m.module_type,
-                 "slices": m.describe(), "positions": [list(p) for p in m.positions]}
+                {"kind": m.kind, "name": m.name, "role": m.role, "type": m.module_type, "slices": m.describe(),
+                 **({"positions": [list(p) for p in m.positions]} if positions else {})}
                 for m in self.members
             ],
         }

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import inspect
 import linecache
+import sys
 import traceback
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -31,6 +32,8 @@ from prunefx.errors import TraceFailure
 _LEAF_TYPES: set[type[nn.Module]] = set()
 _MAX_AUTO_LEAVES = 64
 META_KEY = "prunefx"
+SOURCE_KEY = "prunefx_source"  # node.meta: (file, line, function) of the model code that made the node
+_TORCH_DIR = str(torch.__file__).rsplit("/", 1)[0] + "/"
 
 
 def register_leaf(*types: type[nn.Module]) -> None:
@@ -82,6 +85,24 @@ class PrunefxTracer(fx.Tracer):
         self.leaf_names = set(leaf_names)
         self._stack: list[str] = []
         self.failed_in: str | None = None  # innermost traced (non-leaf) module whose forward raised
+        self._entry: Any = None  # frame of trace(): the walk for a node's source line stops there
+
+    def trace(self, root: Any, concrete_args: Any = None) -> fx.Graph:
+        self._entry = sys._getframe()
+        return super().trace(root, concrete_args)
+
+    def create_node(self, kind, target, args, kwargs, name=None, type_expr=None) -> fx.Node:
+        node = super().create_node(kind, target, args, kwargs, name, type_expr)
+        # The innermost frame outside torch and this file is the model line that made the node. A walk up
+        # the live frames (not fx's record_stack_traces, which formats a whole traceback per node) costs ~us.
+        frame = sys._getframe(1)
+        while frame is not None and frame is not self._entry:
+            file = frame.f_code.co_filename
+            if not file.startswith(_TORCH_DIR) and file != __file__:
+                node.meta[SOURCE_KEY] = (file, frame.f_lineno, frame.f_code.co_name)
+                break
+            frame = frame.f_back
+        return node
 
     def proxy(self, node: fx.Node) -> fx.Proxy:
         return _Proxy(node, self)

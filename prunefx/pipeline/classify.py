@@ -396,6 +396,8 @@ def _sparsity(ctx: _Ctx, info: dict[str, Any]) -> None:
 
 def _prune(ctx: _Ctx, info: dict[str, Any]) -> None:
     from prunefx import prune, save
+    from prunefx.analysis.view import graph_data
+    from prunefx.report import write_graph
 
     spec, run = ctx.job.prune, ctx.run
     source = prune_source(run, ctx.weights)
@@ -417,6 +419,7 @@ def _prune(ctx: _Ctx, info: dict[str, Any]) -> None:
     )
     info.update(check_pruned(result, spec, source))
     atomic_write(ctx.root / "plan.json", result.plan.to_json().encode())
+    write_graph(ctx.root, graph_data(result.graph, result.plan))  # report.html draws the graph from it
     save(model, result.plan, ctx.weights / "pruned.pt")
     est = result.plan.estimate
     info["macs_kept_estimate"] = est["macs_after"] / est["macs_before"] if est.get("macs_before") else None

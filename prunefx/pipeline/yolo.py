@@ -374,8 +374,10 @@ def _sparsity(ctx: _Ctx, info: dict[str, Any]) -> None:
 
 def _prune(ctx: _Ctx, info: dict[str, Any]) -> None:
     from prunefx import prune
+    from prunefx.analysis.view import graph_data
     from prunefx.integrations.ultralytics.io import save_yolo
     from prunefx.integrations.ultralytics.train import load_yolo
+    from prunefx.report import write_graph
 
     spec = ctx.job.prune
     source = prune_source(ctx.run, ctx.weights)
@@ -390,6 +392,7 @@ def _prune(ctx: _Ctx, info: dict[str, Any]) -> None:
     )
     info.update(check_pruned(result, spec, source))
     atomic_write(ctx.run.root / "plan.json", result.plan.to_json().encode())
+    write_graph(ctx.run.root, graph_data(result.graph, result.plan))  # report.html draws the graph from it
     save_yolo(model, ctx.weights / "pruned.pt", plan=result.plan, train_args=dict(getattr(model, "args", {}) or {}))
     ctx.log(f"  {len(result.plan.pruned)} of {len(result.plan.groups)} groups pruned; verify: {info['verify']}")
     info["metrics"] = _evaluate(ctx, ctx.weights / "pruned.pt", "pruned")

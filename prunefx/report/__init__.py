@@ -1,9 +1,10 @@
-"""Pruning-run reports: report.json (validated schema), report.md, PNG plots and a terminal table.
+"""Pruning-run reports: report.json (validated schema), report.md, report.html, PNG plots and a terminal table.
 
 >>> report = build_report(model="resnet50", baseline=Stage(m0, lat0, {"top1": 0.76}), pruned=Stage(m1, lat1))
 >>> write_report("runs/r50", report); render_table(load_report("runs/r50"))
 """
 
+from prunefx.html.page import groups_html
 from prunefx.report.render import render_markdown, render_table
 from prunefx.report.report import (
     SCHEMA,
@@ -15,6 +16,7 @@ from prunefx.report.report import (
     validate_report,
     write_report,
 )
+from prunefx.report.report_html import load_graph, report_html, write_graph, write_report_html
 
 __all__ = [
     "SCHEMA",
@@ -22,6 +24,11 @@ __all__ = [
     "Stage",
     "SweepPoint",
     "build_report",
+    "groups_html",
+    "load_graph",
+    "report_html",
+    "write_graph",
+    "write_report_html",
     "load_report",
     "render_markdown",
     "render_table",

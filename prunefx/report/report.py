@@ -303,13 +303,14 @@ def validate_report(report: Any) -> None:
 
 
 def write_report(run_dir: str | os.PathLike[str], report: dict[str, Any]) -> list[Path]:
-    """Validate ``report`` and write report.json, report.md and its PNG plots into ``run_dir``.
+    """Validate ``report`` and write report.json, report.md, report.html and its PNG plots into ``run_dir``.
 
     Returns the written paths. ``widths.png`` needs widths; ``accuracy_vs_flops.png`` needs a sweep
     of at least two points with a shared metric.
     """
     from prunefx.report.plots import accuracy_vs_flops_png, plottable_metric, widths_png
     from prunefx.report.render import render_markdown
+    from prunefx.report.report_html import load_graph, report_html
 
     validate_report(report)
     out = Path(run_dir)
@@ -320,6 +321,7 @@ def write_report(run_dir: str | os.PathLike[str], report: dict[str, Any]) -> lis
     if plottable_metric(report["sweep"]) is not None:
         files["accuracy_vs_flops.png"] = accuracy_vs_flops_png(report["sweep"], report["stages"]["baseline"])
     files["report.md"] = render_markdown(report, plots=[n for n in files if n.endswith(".png")]).encode()
+    files["report.html"] = report_html(report, load_graph(out)).encode()  # the graph from graph.json, when there
     for name, data in files.items():
         atomic_write(out / name, data)
     return [out / name for name in files]

@@ -187,7 +187,7 @@ def test_report_write_regenerates_the_files(run_dir: Path) -> None:
     (run_dir / "widths.png").unlink()
     result = invoke("report", str(run_dir), "--write")
     assert result.exit_code == 0, result.output
-    assert sorted(p.name for p in run_dir.iterdir()) == ["report.json", "report.md", "widths.png"]
+    assert sorted(p.name for p in run_dir.iterdir()) == ["report.html", "report.json", "report.md", "widths.png"]
     assert "# Pruning report: _factories:tiny_cnn" in (run_dir / "report.md").read_text()
     assert f"wrote {run_dir / 'report.md'}" in result.stdout
 

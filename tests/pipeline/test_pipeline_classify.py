@@ -63,7 +63,8 @@ def test_every_stage_runs_and_the_report_shows_the_target_and_accuracies(finishe
 
     assert gammas("sparse.pt").median() < gammas("baseline.pt").median() - 0.1
     assert state["stages"]["sparsity"]["gammas"]["q0.5"] == pytest.approx(gammas("sparse.pt").quantile(0.5).item())
-    assert {"report.md", "report.json", "plan.json", "config.yaml"} <= {p.name for p in root.iterdir()}
+    written = {p.name for p in root.iterdir()}
+    assert {"report.md", "report.html", "report.json", "plan.json", "graph.json", "config.yaml"} <= written
     assert {"baseline.pt", "sparse.pt", "pruned.pt", "finetuned.pt"} <= {p.name for p in (root / "weights").iterdir()}
 
 

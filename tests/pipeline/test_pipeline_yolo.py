@@ -56,7 +56,8 @@ def test_every_stage_from_the_model_yaml(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     run = tmp_path / "e2e"
     assert f"report: {run / 'report.md'}" in result.output.replace("\n", "")
-    for f in ("config.yaml", "state.json", "plan.json", "report.json", "report.md", "widths.png",
+    for f in ("config.yaml", "state.json", "plan.json", "graph.json", "report.json", "report.md", "report.html",
+              "widths.png",
               "weights/baseline.pt", "weights/sparse.pt", "weights/pruned.pt", "weights/best.pt", "weights/last.pt"):
         assert (run / f).is_file(), f
     state = json.loads((run / "state.json").read_text())

@@ -73,7 +73,7 @@ def test_deltas_are_against_baseline(report: dict) -> None:
 def test_write_and_load_round_trip(report: dict, tmp_path: Path) -> None:
     written = write_report(tmp_path / "run", report)
     names = {p.name for p in written}
-    assert names == {"report.json", "report.md", "widths.png", "accuracy_vs_flops.png"}
+    assert names == {"report.json", "report.md", "report.html", "widths.png", "accuracy_vs_flops.png"}
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == sorted(names)  # no temp files left
     loaded = load_report(tmp_path / "run")
     assert loaded == json.loads(json.dumps(report))
@@ -100,7 +100,7 @@ def test_minimal_report_without_optional_parts(tmp_path: Path) -> None:
     pruned = minimal["stages"]["pruned"]
     assert pruned["latency"] is None and "latency_median_ms" not in pruned["delta"]
     names = {p.name for p in write_report(tmp_path, minimal)}
-    assert names == {"report.json", "report.md"}  # no widths, no sweep: no plots
+    assert names == {"report.json", "report.md", "report.html"}  # no widths, no sweep: no plots
 
 
 def test_unknown_size_is_null_not_zero() -> None:

@@ -1,0 +1,231 @@
+"""The analysed graph as plain JSON-able data for the HTML view: nodes, edges, groups and (optionally) the plan.
+
+    data = graph_data(prunefx.analyze(model, x))          # what ``DependencyGraph.to_html`` draws
+    data = graph_data(result.graph, result.plan)         # plus kept / total per node and each group's decision
+
+It reads what only the analysis knows (channel atoms per fx node, the source line the tracer recorded) and
+hands ``prunefx.report`` plain data, so the page builder never touches a model.
+
+Schema ``prunefx.graph/1``::
+
+    {"schema": "prunefx.graph/1", "model": str,
+     "summary": {"nodes", "edges", "groups", "prunable_groups", "frozen_groups", "channels",
+                 "prunable_channels", "auto_leaves": int, "unknown_ops": int, "frozen_reasons": {reason: groups}},
+     "nodes": [{"name", "op", "target", "type", "label": str, "shape": str | null,
+                "src": "file:line" | null, "code": str | null,          # the model line that made the node
+                "chan": [[group id, positions]],                          # runs along its labelled dims; -1: fixed
+                "kept": int}],                                            # with a plan: positions that stay
+     "edges": [[source, target]],                                         # node indices, one per input
+     "groups": [{...analyze --json group without "positions", "label": str, "nodes": [int],
+                 "members": [{..., "node": [int]}],                       # the nodes drawing each member
+                 "plan": {"before", "after", "why"} | absent, "skipped": str | absent}],
+     "ties": [{"groups": [int], "why": str}], "auto_leaves": {module: reason}, "unknown_ops": {node: op},
+     "plan": {"summary", "criterion", "target", "estimate"} | null}
+
+A frozen reason is counted under its text up to `` (node ...``, the node that caused it, so that
+"model output" or "no rule for torch.einsum" groups all its occurrences.
+"""
+
+from __future__ import annotations
+
+import linecache
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from prunefx.analysis.graph import DependencyGraph
+from prunefx.analysis.labels import Lab
+from prunefx.capture.trace import SOURCE_KEY  # the tracer's (file, line, function) of the code that made a node
+from prunefx.capture.values import VALUE_KEY  # the shape pass's node value (meta tensors)
+from prunefx.html.page import GRAPH_SCHEMA  # the page and report.html read this schema
+
+
+def reason_key(reason: str) -> str:
+    """A frozen reason without the node that caused it: the key the summary and the filter count by."""
+    return reason.split(" (node")[0]
+
+
+def _labs(value: Any) -> list[Any]:
+    """The channel labels (``Lab``) in a node's analysis value, in order (tuples, lists and dicts walked)."""
+    if isinstance(value, Lab):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [lab for v in value for lab in _labs(v)]
+    if isinstance(value, dict):
+        return [lab for v in value.values() for lab in _labs(v)]
+    return []
+
+
+def _shape(value: Any) -> str | None:
+    if isinstance(value, torch.Tensor):
+        return "x".join(map(str, value.shape)) or "scalar"
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, torch.Tensor) for v in value):
+        return ", ".join("x".join(map(str, v.shape)) for v in value[:4]) + (", ..." if len(value) > 4 else "")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return repr(value)
+    return None
+
+
+def _describe(node, modules: Mapping[str, Any]) -> tuple[str, str, str]:
+    """(target, type, label) of an fx node as the view shows them."""
+    if node.op == "call_module":
+        module = modules.get(node.target)
+        return str(node.target), type(module).__name__, str(node.target)
+    if node.op == "call_function":
+        name = getattr(node.target, "__name__", repr(node.target))
+        qual = f"{getattr(node.target, '__module__', '') or ''}.{name}".lstrip(".")
+        return qual, qual, name
+    if node.op == "call_method":
+        return str(node.target), f"Tensor.{node.target}", f".{node.target}()"
+    if node.op == "placeholder":
+        return str(node.target), "input", f"input {node.target}"
+    if node.op == "get_attr":
+        return str(node.target), "attribute", str(node.target)
+    return "output", "output", "output"
+
+
+class _ChannelMap:
+    """Group id and channel rank of every class root, for looking up a tensor's atoms."""
+
+    def __init__(self, dg: DependencyGraph) -> None:
+        roots = [np.asarray(g.roots, dtype=np.int64) for g in dg.groups]
+        all_roots = np.concatenate(roots) if roots else np.empty(0, np.int64)
+        ids = [np.full(len(r), g.id) for g, r in zip(dg.groups, roots, strict=True)]
+        gids = np.concatenate(ids) if roots else all_roots
+        ranks = np.concatenate([np.arange(len(r)) for r in roots]) if roots else all_roots
+        order = np.argsort(all_roots, kind="stable")
+        self.roots, self.gids, self.ranks = all_roots[order], gids[order], ranks[order]
+        self.atoms = dg.atoms
+
+    def lookup(self, atoms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(group id, rank) per atom; (-1, -1) for a fixed position or a class in no group."""
+        gid = np.full(len(atoms), -1, dtype=np.int64)
+        rank = np.full(len(atoms), -1, dtype=np.int64)
+        if len(atoms) == 0 or len(self.roots) == 0:
+            return gid, rank
+        roots = self.atoms.find(atoms)
+        ok = roots >= 0
+        idx = np.minimum(np.searchsorted(self.roots, roots[ok]), len(self.roots) - 1)
+        hit = self.roots[idx] == roots[ok]
+        sub_g, sub_r = np.full(int(ok.sum()), -1), np.full(int(ok.sum()), -1)
+        sub_g[hit], sub_r[hit] = self.gids[idx[hit]], self.ranks[idx[hit]]
+        gid[ok], rank[ok] = sub_g, sub_r
+        return gid, rank
+
+
+def _runs(gid: np.ndarray) -> list[list[int]]:
+    """Run-length encoding [[group id, count], ...] of the group id along a node's positions."""
+    if len(gid) == 0:
+        return []
+    cut = np.flatnonzero(np.diff(gid)) + 1
+    starts = np.concatenate([[0], cut])
+    counts = np.diff(np.concatenate([starts, [len(gid)]]))
+    return [[int(gid[s]), int(c)] for s, c in zip(starts, counts, strict=True)]
+
+
+def _source(node) -> tuple[str | None, str | None]:
+    src = node.meta.get(SOURCE_KEY)
+    if not src:
+        return None, None
+    file, line = src[0], src[1]
+    code = linecache.getline(file, line).strip() or None
+    return f"{file}:{line}", code
+
+
+def graph_data(dg: DependencyGraph, plan: Any = None) -> dict[str, Any]:
+    """Everything the HTML view draws, as JSON-able data (schema in this module's docstring).
+
+    ``plan``: a ``PruningPlan`` made from ``dg`` (read by attribute: the plan is decided above the analysis).
+    """
+    nodes = list(dg.gm.graph.nodes)
+    index = {n: i for i, n in enumerate(nodes)}
+    modules = dict(dg.gm.named_modules())
+    cmap = _ChannelMap(dg)
+    keep: dict[int, np.ndarray] = {}
+    if plan is not None:
+        for gp in plan.groups:
+            mask = np.zeros(gp.before, dtype=bool)
+            mask[list(gp.keep)] = True
+            keep[gp.group] = mask
+
+    out_nodes = []
+    by_module: dict[str, list[int]] = {}
+    by_attr: dict[str, list[int]] = {}
+    by_name: dict[str, list[int]] = {}
+    for i, node in enumerate(nodes):
+        target, kind, label = _describe(node, modules)
+        if node.op == "call_module":
+            by_module.setdefault(target, []).append(i)
+        elif node.op == "get_attr":
+            by_attr.setdefault(target, []).append(i)
+        by_name[node.name] = [i]
+        labs = _labs(dg.node_labels.get(node.name))
+        atoms = np.concatenate([lab.atoms() for lab in labs]) if labs else np.empty(0, np.int64)
+        gid, rank = cmap.lookup(atoms)
+        src, code = _source(node)
+        record = {"name": node.name, "op": node.op, "target": target, "type": kind, "label": label,
+                  "shape": _shape(node.meta.get(VALUE_KEY)), "src": src, "code": code, "chan": _runs(gid)}
+        if plan is not None:
+            kept = gid < 0
+            for g in np.unique(gid[gid >= 0]).tolist():
+                sel = gid == g
+                kept[sel] = keep[g][rank[sel]] if g in keep else True
+            record["kept"] = int(kept.sum())
+        out_nodes.append(record)
+
+    def member_nodes(m) -> list[int]:
+        if m.kind == "module":
+            return by_module.get(m.name, [])
+        if m.kind == "param":
+            return by_attr.get(m.name) or by_module.get(m.name.rsplit(".", 1)[0], [])
+        return by_name.get(m.name, [])
+
+    decisions = {gp.group: gp for gp in plan.groups} if plan is not None else {}
+    skipped = dict(plan.skipped) if plan is not None else {}
+    groups = []
+    for g in dg.groups:
+        d = g.to_dict(positions=False)
+        for m, md in zip(g.members, d["members"], strict=True):
+            md["node"] = member_nodes(m)
+        d["label"] = g.label
+        d["nodes"] = sorted({i for md in d["members"] for i in md["node"]})
+        if g.id in decisions:
+            gp = decisions[g.id]
+            d["plan"] = {"before": gp.before, "after": gp.after, "why": gp.why}
+        if g.id in skipped:
+            d["skipped"] = skipped[g.id]
+        groups.append(d)
+
+    frozen_reasons: dict[str, int] = {}
+    for g in dg.groups:
+        for key in dict.fromkeys(reason_key(r) for r in g.reasons):
+            frozen_reasons[key] = frozen_reasons.get(key, 0) + 1
+    edges = [[index[a], i] for i, node in enumerate(nodes) for a in node.all_input_nodes]
+    prunable = [g for g in dg.groups if g.prunable]
+    return {
+        "schema": GRAPH_SCHEMA,
+        "model": dg.model_name,
+        "summary": {
+            "nodes": len(nodes),
+            "edges": len(edges),
+            "groups": len(dg.groups),
+            "prunable_groups": len(prunable),
+            "frozen_groups": len(dg.groups) - len(prunable),
+            "channels": sum(g.channels for g in dg.groups),
+            "prunable_channels": sum(g.channels for g in prunable),
+            "auto_leaves": len(dg.auto_leaves),
+            "unknown_ops": len(dg.unknown_ops),
+            "frozen_reasons": dict(sorted(frozen_reasons.items(), key=lambda kv: -kv[1])),
+        },
+        "nodes": out_nodes,
+        "edges": edges,
+        "groups": groups,
+        "ties": [{"groups": list(ids), "why": why} for ids, why in dg.ties],
+        "auto_leaves": dict(dg.auto_leaves),
+        "unknown_ops": dict(dg.unknown_ops),
+        "plan": None if plan is None else {"summary": plan.summary(), "criterion": plan.criterion,
+                                           "target": plan.target, "estimate": plan.estimate},
+    }
+

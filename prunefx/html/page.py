@@ -1,0 +1,85 @@
+"""The graph page: one self-contained HTML file that draws an analysed graph and its channel groups.
+
+    text = groups_html(graph_data(dg))        # what ``dg.to_html(path)`` and ``prunefx analyze SPEC --html F`` write
+
+The CSS, the script and the data are inline and nothing is fetched, so the page opens from disk (file://)
+in any browser, offline. The layout is computed here (``graph_layout``); the script only draws it and
+handles selection, search, filter, zoom and pan, which keeps graphs of 1,000+ nodes quick. This module
+takes plain data (``prunefx.analysis.view.graph_data``) and imports nothing else from prunefx.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from collections.abc import Mapping
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from prunefx.html.layout import layout
+
+ASSETS = Path(__file__).with_name("assets")
+GRAPH_SCHEMA = "prunefx.graph/1"  # the data a page draws: prunefx.analysis.view.graph_data, a run's graph.json
+_MAX_LABEL = 40  # characters drawn in a box; longer names keep their tail ("...layers.conv_b.0")
+_CHAR_PX = 6.7  # average advance of an 11px sans-serif character: box widths are computed without a browser
+
+
+@cache
+def asset(name: str) -> str:
+    """The text of a file in ``assets/`` (template, style, script)."""
+    return (ASSETS / name).read_text(encoding="utf-8")
+
+
+def _fill(template: str, values: Mapping[str, str]) -> str:
+    """Replace every ``{{KEY}}`` in one pass (text put in is never scanned again)."""
+    return re.sub(r"\{\{([A-Z]+)\}\}", lambda m: values[m.group(1)], template)
+
+
+def _json_script(data: Any) -> str:
+    """JSON safe inside <script>: '<' only occurs in strings, where \\u003c means the same."""
+    return json.dumps(data, separators=(",", ":"), allow_nan=False).replace("<", "\\u003c")
+
+
+def _short(label: str) -> str:
+    return label if len(label) <= _MAX_LABEL else "\u2026" + label[-(_MAX_LABEL - 1):]
+
+
+def _layout_data(graph: Mapping[str, Any], kept: bool) -> dict[str, Any]:
+    """Box texts and widths, then the layered layout, as the script reads them (``kept``: room for 'k/n')."""
+    texts, widths = [], []
+    for n in graph["nodes"]:
+        text = _short(n["label"])
+        chars = len(text)
+        total = sum(c for _, c in n["chan"])
+        if kept and total and n.get("kept", total) < total:
+            chars += len(f"  {n['kept']}/{total}")
+        texts.append(text)
+        widths.append(round(max(44.0, chars * _CHAR_PX + 16), 1))
+    inputs = [i for i, n in enumerate(graph["nodes"]) if n["op"] == "placeholder"]
+    lay = layout(widths, [tuple(e) for e in graph["edges"]], inputs)
+    return {
+        "x": lay.x, "y": lay.y, "w": widths, "text": texts, "node_height": lay.node_height,
+        "width": lay.width, "height": lay.height, "edges": lay.edges, "trunks": lay.trunks,
+    }
+
+
+def graph_page(title: str, subtitle: str, graph: Mapping[str, Any], *, report: str = "") -> str:
+    """The page around ``graph`` (``graph_data``); ``report``: an HTML section shown above the graph, which
+    also turns on the report view (kept / total per node, the plan's decisions, colour by kept fraction)."""
+    mode = "report" if report else "groups"
+    colour = ('<select id="colour" title="what the fill shows"><option value="groups">colour: groups</option>'
+              '<option value="kept">colour: kept fraction</option></select>') if report else ""
+    data = {"mode": mode, "graph": graph, "layout": _layout_data(graph, bool(report))}
+    return _fill(asset("page.html"), {
+        "TITLE": html.escape(title), "SUBTITLE": html.escape(subtitle), "MODE": mode, "REPORT": report,
+        "COLOUR": colour, "CSS": asset("page.css"), "JS": asset("page.js"), "DATA": _json_script(data),
+    })
+
+
+def groups_html(graph: Mapping[str, Any]) -> str:
+    """The analysis page: the graph top to bottom, each group in its colour; click a node for its groups."""
+    s = graph["summary"]
+    return graph_page(f"prunefx: {graph['model']}", f"{s['groups']} channel groups, {s['prunable_groups']} prunable",
+                      graph)

@@ -1,0 +1,103 @@
+"""report.html of a pruning run: the metric table, the plan's decisions and the graph with kept / total per layer.
+
+    write_graph(run_dir, graph_data(result.graph, result.plan))   # at prune time, next to plan.json
+    write_report_html(run_dir, report)                            # report.json's numbers + graph.json's graph
+
+A run keeps its graph as ``graph.json`` (``prunefx.analysis.view`` schema) so that the page can be redrawn
+later (``prunefx report RUN --html``) without the model.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from prunefx._io import atomic_write
+from prunefx.errors import PrunefxError
+from prunefx.html.page import GRAPH_SCHEMA, asset, graph_page
+from prunefx.report.render import _COST_COLUMNS, _metric_names, _row
+from prunefx.report.report import validate_report
+
+GRAPH_NAME = "graph.json"  # in a run directory, next to plan.json
+
+
+def write_graph(run_dir: str | os.PathLike[str], graph: Mapping[str, Any]) -> Path:
+    """Save ``graph`` (``graph_data(dg, plan)``) as ``run_dir/graph.json``, which report.html is drawn from."""
+    if graph.get("schema") != GRAPH_SCHEMA:
+        raise PrunefxError(f"not a prunefx graph (schema {graph.get('schema')!r}); pass graph_data(dg, plan)")
+    text = json.dumps(graph, separators=(",", ":"), allow_nan=False)
+    return atomic_write(Path(run_dir) / GRAPH_NAME, text.encode())
+
+
+def load_graph(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """``run_dir/graph.json`` (None when the run has none); a file of another schema is an error."""
+    path = Path(run_dir) / GRAPH_NAME
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise PrunefxError(f"{path} is not valid JSON ({exc}); re-run the pruning to regenerate it") from exc
+    if not isinstance(data, dict) or data.get("schema") != GRAPH_SCHEMA:
+        got = data.get("schema") if isinstance(data, dict) else type(data).__name__
+        raise PrunefxError(f"{path} is not a prunefx graph (schema {got!r}, expected {GRAPH_SCHEMA!r}); "
+                           "re-run the pruning to regenerate it")
+    return data
+
+
+def _metrics_table(report: Mapping[str, Any]) -> str:
+    """The stages' costs and metrics, with report.md's cells (``render._row``)."""
+    stages = report["stages"]
+    metrics = _metric_names(stages)
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in ("stage", *_COST_COLUMNS, *metrics))
+    rows = "".join(
+        f'<tr data-stage="{html.escape(name)}"><td>{html.escape(name)}</td>'
+        + "".join(f"<td>{html.escape(cell)}</td>" for cell in _row(stage, metrics)) + "</tr>"
+        for name, stage in stages.items()
+    )
+    return f'<table class="metrics"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>'
+
+
+def _section(report: Mapping[str, Any]) -> str:
+    settings = report.get("settings", {})
+    notes = [f"Created {report['created']} with prunefx {report['prunefx']}. Costs: relative change vs baseline in "
+             "parentheses; metrics: absolute change. FLOPs = 2 x MACs."]
+    if isinstance(settings.get("verify"), str):
+        notes.append(f"verify (pruned model vs the masked original): {settings['verify']}")
+    paragraphs = "".join(f'<p class="note">{html.escape(n)}</p>' for n in notes)
+    stages = " / ".join(report["stages"])
+    return (f'<section class="report"><details open><summary>Results: {html.escape(stages)}</summary>'
+            f"{_metrics_table(report)}{paragraphs}</details></section>")
+
+
+def _widths_only(title: str, report: Mapping[str, Any]) -> str:
+    """The page of a run without graph.json: the results and the widths per group as a table."""
+    rows = "".join(
+        f'<tr><td class="mono">{html.escape(w["name"])}</td><td class="num">{w["before"]}</td>'
+        f'<td class="num">{w["after"]}</td></tr>' for w in report["widths"]
+    )
+    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><link rel="icon" href="data:,">'
+            f"<title>{html.escape(title)}</title><style>{asset('page.css')}</style></head><body class=\"report\">"
+            f"<header><h1>{html.escape(title)}</h1></header>{_section(report)}"
+            '<main><aside id="panel" style="width:100%"><p class="empty">This run has no graph.json (written next to '
+            "plan.json when the model is pruned), so the graph cannot be drawn. Widths per group:</p>"
+            f'<table class="list"><tr><th>group</th><th>before</th><th>after</th></tr>{rows}</table></aside></main>'
+            "</body></html>\n")
+
+
+def report_html(report: Mapping[str, Any], graph: Mapping[str, Any] | None = None) -> str:
+    """report.html: the metric table, and with ``graph`` the plan's per-group decisions and kept / total per node."""
+    title = f"prunefx report: {report['model']}"
+    if graph is None:
+        return _widths_only(title, report)
+    return graph_page(title, graph["plan"]["summary"] if graph.get("plan") else "", graph, report=_section(report))
+
+
+def write_report_html(run_dir: str | os.PathLike[str], report: Mapping[str, Any]) -> Path:
+    """(Re)write ``run_dir/report.html`` from ``report`` and the run's graph.json; returns its path."""
+    validate_report(report)
+    return atomic_write(Path(run_dir) / "report.html", report_html(report, load_graph(run_dir)).encode())

@@ -23,6 +23,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from prunefx.analysis.groups import Group, Member
+from prunefx.analysis.roles import CHANNEL, Kind
 from prunefx.errors import PrunefxError
 
 if TYPE_CHECKING:
@@ -108,7 +109,7 @@ class ScoreContext:
             dims: dict[str, set[int]] = {}
             for g in self.groups:
                 for m in g.members:
-                    if m.kind == "param" and self.parameter(m.name) is not None:
+                    if m.kind is Kind.PARAM and self.parameter(m.name) is not None:
                         dims.setdefault(m.name, set()).add(_dim(m))
             self._cache["dims"] = dims
         return self._cache["dims"]
@@ -206,7 +207,7 @@ def bn_scale(ctx: ScoreContext, group: Group) -> np.ndarray | None:
     rows = [
         _channel_mean(ctx.abs_gamma(m.name)[m.index], m.offsets)
         for m in group.members
-        if m.kind == "module" and m.role == "channel" and _is_affine_bn(ctx.module(m.name))
+        if m.kind is Kind.MODULE and m.role == CHANNEL and _is_affine_bn(ctx.module(m.name))
     ]
     return np.mean(rows, axis=0) if rows else None
 
@@ -235,7 +236,7 @@ def taylor(ctx: ScoreContext, group: Group) -> np.ndarray | None:
     terms = [
         _channel_sum(ctx.taylor_terms(m.name, _dim(m))[:, m.index], m.offsets)
         for m in group.members
-        if m.kind == "param" and ctx.parameter(m.name) is not None
+        if m.kind is Kind.PARAM and ctx.parameter(m.name) is not None
     ]
     return np.abs(np.sum(terms, axis=0)).mean(axis=0) if terms else None
 
@@ -257,7 +258,7 @@ def _magnitude(ctx: ScoreContext, group: Group, p: Literal[1, 2]) -> np.ndarray 
     """
     rows = []
     for m in group.members:
-        if m.kind != "param" or _is_bias(m.name) or ctx.parameter(m.name) is None:
+        if m.kind is not Kind.PARAM or _is_bias(m.name) or ctx.parameter(m.name) is None:
             continue
         v = ctx.slice_norms(m.name, _dim(m), p)[m.index]
         mean = v.mean()
@@ -269,7 +270,7 @@ def _magnitude(ctx: ScoreContext, group: Group, p: Literal[1, 2]) -> np.ndarray 
 
 
 def _dim(m: Member) -> int:
-    return int(m.role.removeprefix("dim"))
+    return m.role.dim  # a parameter member's role is ParamDim
 
 
 def _is_bias(name: str) -> bool:

@@ -6,6 +6,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 
+from prunefx.analysis.roles import Kind, parse_role
 from prunefx.capture.values import VALUE_KEY
 
 
@@ -42,7 +43,8 @@ def head_consistent(pos: tuple[int, ...], where) -> bool:
 
 def positions(group, name: str, role: str, kind: str = "module") -> tuple[tuple[int, ...], ...]:
     """Per group channel, its positions in the one member (kind, name, role)."""
-    (m,) = [m for m in group.members if m.kind == kind and m.name == name and m.role == role]
+    kind, role = Kind(kind), parse_role(role)
+    (m,) = [m for m in group.members if m.kind is kind and m.name == name and m.role == role]
     return m.positions
 
 

@@ -8,6 +8,7 @@ from torch import nn
 
 import prunefx
 from prunefx import importance
+from prunefx.analysis.roles import Kind
 from prunefx.errors import PrunefxError
 from prunefx.importance import CRITERIA, register_criterion, score
 
@@ -98,7 +99,7 @@ def test_l1_l2_normalise_each_member_and_ignore_biases(tiny):
 
 def test_magnitude_averages_a_channels_repeated_positions(tiny):
     model, dg, a, b, c, _ = tiny
-    fc = next(m for m in c.members if m.kind == "param" and m.name == "fc.weight")
+    fc = next(m for m in c.members if m.kind is Kind.PARAM and m.name == "fc.weight")
     assert [list(p) for p in fc.positions] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
     _set(model.c4.weight, [[1, 1, 1]] * 4)  # c4.out rows all equal: normalised 1 each
     cols = np.arange(1, 17, dtype=float)  # fc column j has L1 norm 3 * (j + 1)

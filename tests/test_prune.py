@@ -12,6 +12,7 @@ from torch import nn
 
 import prunefx
 import prunefx.checkpoint
+from prunefx.analysis.roles import Kind
 from prunefx.metrics import measure
 from prunefx.plan import CostModel, PlanConfig, PlanError, PruningPlan, make_plan
 from prunefx.transform.rewrite import apply_plan
@@ -207,7 +208,7 @@ def test_hard_coded_width_is_skipped_unless_graph_rewrite():
     model = randomize_bn(Hard()).eval()
     dg = prunefx.analyze(model, x)
     (g,) = dg.groups_of("conv")
-    assert any(m.kind == "const" for m in g.members)
+    assert any(m.kind is Kind.CONST for m in g.members)
     plan = make_plan(dg, _random_scores(dg), PlanConfig(ratio=0.5))
     assert g.id in dict(plan.skipped) and "graph_rewrite" in dict(plan.skipped)[g.id]
 
@@ -220,3 +221,56 @@ def test_hard_coded_width_is_skipped_unless_graph_rewrite():
     assert isinstance(pruned, torch.fx.GraphModule)  # the rewritten literal lives in the graph
     reference = masked_outputs(original, prunefx.analyze(original, x), plan, (x,))[0]
     assert torch.allclose(pruned(x), reference, atol=1e-5)
+
+
+class _HardCodedWidth(nn.Module):
+    """A literal channel count in forward (``view(b, 16, -1)``): only a graph rewrite can follow a pruned width."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16)
+        self.fc = nn.Linear(16, 5)
+
+    def forward(self, x):
+        y = torch.relu(self.bn(self.conv(x)))
+        return self.fc(y.view(x.shape[0], 16, -1).mean(-1))
+
+
+def test_graph_rewrite_through_prune_and_load(tmp_path):
+    """prune() and load() hand back the module apply_plan returns (it was dropped: a crash in verify, or with
+    check=False a model that does not run)."""
+    x = torch.randn(2, 3, 4, 4)
+    model = randomize_bn(_HardCodedWidth()).eval()
+    result = prunefx.prune(copy.deepcopy(model), x, PlanConfig(ratio=0.5, graph_rewrite=True), criterion="l1")
+    assert result.verified.ok, result.verified.message
+    assert result.plan.pruned and result.model(x).shape == (2, 5)
+    unchecked = prunefx.prune(copy.deepcopy(model), x, PlanConfig(ratio=0.5, graph_rewrite=True), check=False)
+    assert unchecked.model(x).shape == (2, 5)
+    path = prunefx.save(result.model, result.plan, tmp_path / "hard.pt")
+    again = prunefx.load(path, _HardCodedWidth).eval()
+    torch.testing.assert_close(again(x), result.model(x))
+
+
+def test_cost_model_counts_every_normalized_dim():
+    """A LayerNorm over (C, D) has two channel dims; the MACs estimate follows both (it once read only the first)."""
+
+    class Norm2d(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(8, 12), nn.Linear(12, 3)
+            self.ln = nn.LayerNorm([6, 12])
+
+        def forward(self, x):  # x: (B, 6, 8)
+            return self.b(self.ln(self.a(x)))
+
+    x = torch.randn(2, 6, 8)
+    model = Norm2d().eval()
+    dg = prunefx.analyze(model, x)
+    (g,) = dg.groups_of("ln", "normalized1")
+    assert g.prunable and g.modules("normalized1") == ["ln"]
+    cost = CostModel(model, dg, (x,))
+    keep = {g.id: np.arange(g.channels) < 6}  # half of the 12 features
+    plan = make_plan(dg, {g.id: np.arange(g.channels, 0, -1.0)}, PlanConfig(ratio=0.5), cost=cost)
+    pruned = apply_plan(copy.deepcopy(model), dg, plan)
+    assert plan.groups[0].after == 6
+    assert cost.macs(keep) == pytest.approx(measure(pruned, x).macs, rel=1e-6)

@@ -16,6 +16,7 @@ from prunefx.analysis.engine import Engine
 from prunefx.analysis.graph import DependencyGraph
 from prunefx.analysis.groups import Group, Member, build_groups
 from prunefx.analysis.outputs import default_free_outputs
+from prunefx.analysis.roles import Kind
 from prunefx.analysis.rules import RULES, OpRegistry
 from prunefx.capture.trace import META_KEY, trace
 from prunefx.capture.values import propagate
@@ -84,7 +85,7 @@ def _tie_shared_tensors(gm: fx.GraphModule, state) -> None:
         return
     by_key = {}
     for (kind, name, role), rec in list(state.records.items()):
-        if kind != "param":
+        if kind is not Kind.PARAM:
             continue
         canon = alias.get(name, name)
         prev = by_key.get((canon, role))

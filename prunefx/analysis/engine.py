@@ -1,7 +1,7 @@
 """Walk an fx graph in topological order and let op rules label, couple and freeze channels.
 
 The engine owns the atom table and the records a rewrite needs later:
-- module members: (module, role) -> atoms, e.g. ("layer1.0.conv1", "out");
+- module members: (module, role) -> atoms, e.g. ("layer1.0.conv1", OUT);
 - parameter slices: (parameter, dim) -> atoms, the single truth of what gets sliced;
 - graph constants: literal ints in the graph that count channels (``view(b, 512, -1)``);
 - equal-count ties: channel segments that must keep equally many channels (``chunk(2)``).
@@ -21,6 +21,7 @@ from torch import nn
 from prunefx.analysis.atoms import AtomTable
 from prunefx.analysis.labels import Lab, SizeRef
 from prunefx.analysis.outputs import drop_keys
+from prunefx.analysis.roles import Kind, Literal, ModuleRole, ParamDim, RecordKey, Role
 from prunefx.analysis.rules._registry import RULES, OpRegistry
 from prunefx.capture.values import VALUE_KEY
 
@@ -29,9 +30,9 @@ from prunefx.capture.values import VALUE_KEY
 class Record:
     """Atoms along one sliceable thing: a module role, a parameter dim, or a graph constant."""
 
-    kind: str  # "module" | "param" | "const"
+    kind: Kind
     name: str  # module / parameter qualified name, or fx node name for constants
-    role: str  # "out", "in", "channel" / "dim0".. / "args[1]" ...
+    role: Role  # OUT, IN, CHANNEL, Normalized(j) / ParamDim(d) / Literal(path)
     atoms: np.ndarray
     module_type: str = ""
     owner: str = ""  # module whose forward contains a graph constant
@@ -46,7 +47,7 @@ class EqualCount:
 @dataclass
 class EngineState:
     atoms: AtomTable = field(default_factory=AtomTable)
-    records: dict[tuple[str, str, str], Record] = field(default_factory=dict)
+    records: dict[RecordKey, Record] = field(default_factory=dict)
     ties: list[EqualCount] = field(default_factory=list)
     notes: list[tuple[np.ndarray, str]] = field(default_factory=list)
     unknown: dict[str, str] = field(default_factory=dict)  # node name -> description of the op without a rule
@@ -155,20 +156,22 @@ class Ctx:
     def where(self) -> str:
         return f"node '{self.node.name}'"
 
-    def member(self, role: str, atoms: np.ndarray, name: str | None = None) -> None:
-        """Record that ``role`` of a module (this node's, by default) has these channels."""
+    def member(self, role: ModuleRole, atoms: np.ndarray, name: str | None = None) -> None:
+        """Record that ``role`` (OUT, IN, CHANNEL, Normalized(j)) of a module (this node's, by default) has these
+        channels."""
         name = name or self.name
         mtype = type(self.module).__name__ if self.module is not None and name == self.name else ""
-        self._record("module", name, role, atoms, module_type=mtype)
+        self._record(Kind.MODULE, name, role, atoms, module_type=mtype)
 
     def param(self, qualname: str, dim: int, atoms: np.ndarray) -> None:
         """Record that dim ``dim`` of parameter/buffer ``qualname`` is indexed by these channels."""
-        self._record("param", qualname, f"dim{dim}", atoms)
+        self._record(Kind.PARAM, qualname, ParamDim(dim), atoms)
 
     def constant(self, path: tuple, atoms: np.ndarray) -> None:
-        """A literal in this node's arguments that equals the number of kept positions in ``atoms``."""
-        role = "".join(f"[{p!r}]" if not isinstance(p, str) else p for p in path)
-        self._record("const", self.node.name, role, atoms, owner=self.owner())
+        """A literal at ``("args", i, j...)`` in this node's arguments that equals the number of kept positions."""
+        if not path or path[0] != "args" or not all(isinstance(p, int) for p in path[1:]):
+            raise ValueError(f"a graph literal is addressed as ('args', i, ...), got {path!r}")
+        self._record(Kind.CONST, self.node.name, Literal(tuple(path[1:])), atoms, owner=self.owner())
 
     def equal_count(self, segments: list[np.ndarray], why: str) -> None:
         self.state.ties.append(EqualCount([np.asarray(s) for s in segments], f"{why} ({self.where()})"))
@@ -176,8 +179,8 @@ class Ctx:
     def note(self, atoms: np.ndarray, text: str) -> None:
         self.state.notes.append((np.asarray(atoms), text))
 
-    def _record(self, kind: str, name: str, role: str, atoms: np.ndarray, **extra: str) -> None:
-        key = (kind, name, role)
+    def _record(self, kind: Kind, name: str, role: Role, atoms: np.ndarray, **extra: str) -> None:
+        key = RecordKey(kind, name, role)
         atoms = np.asarray(atoms, dtype=np.int64)
         rec = self.state.records.get(key)
         if rec is None:

@@ -13,6 +13,7 @@ import torch.fx as fx
 
 from prunefx.analysis.atoms import AtomTable
 from prunefx.analysis.groups import Group
+from prunefx.analysis.roles import OUT, Kind, RecordKey, Role, parse_role
 
 SCHEMA_VERSION = 1
 
@@ -23,7 +24,7 @@ class DependencyGraph:
 
     gm: fx.GraphModule
     groups: list[Group]
-    record_roots: dict[tuple[str, str, str], np.ndarray] = field(repr=False)
+    record_roots: dict[RecordKey, np.ndarray] = field(repr=False)
     ties: list[tuple[tuple[int, ...], str]]
     unknown_ops: dict[str, str]
     auto_leaves: dict[str, str]
@@ -47,16 +48,18 @@ class DependencyGraph:
     def prunable(self) -> list[Group]:
         return [g for g in self.groups if g.prunable]
 
-    def group_of(self, module: str, role: str = "out") -> Group | None:
+    def group_of(self, module: str, role: Role | str = OUT) -> Group | None:
         """The group holding ``module``'s ``role`` channels (the first, when they span several groups)."""
-        for g in self.groups:
-            if any(m.kind == "module" and m.name == module and m.role == role for m in g.members):
-                return g
-        return None
+        found = self.groups_of(module, role)
+        return found[0] if found else None
 
-    def groups_of(self, module: str, role: str = "out") -> list[Group]:
+    def groups_of(self, module: str, role: Role | str = OUT) -> list[Group]:
+        """Every group holding some of ``module``'s ``role`` channels (``"out"``, ``IN``, ``"normalized0"``...)."""
+        role = parse_role(role)
         return [
-            g for g in self.groups if any(m.kind == "module" and m.name == module and m.role == role for m in g.members)
+            g
+            for g in self.groups
+            if any(m.kind is Kind.MODULE and m.name == module and m.role == role for m in g.members)
         ]
 
     def summary(self) -> str:
@@ -111,11 +114,11 @@ class DependencyGraph:
         for col in ("id", "ch", "prunable", "constraint / reason", "members"):
             t.add_column(col, overflow="fold")
         for g in self.groups:
-            owners = {m.name for m in g.members if m.kind == "module"}
+            owners = {m.name for m in g.members if m.kind is Kind.MODULE}
             mem = [
                 f"{m.name}.{m.describe()}"
                 for m in g.members
-                if m.kind != "param" or m.name.rsplit(".", 1)[0] not in owners
+                if m.kind is not Kind.PARAM or m.name.rsplit(".", 1)[0] not in owners
             ]
             more = len(mem) - max_members
             text = "\n".join(mem[:max_members]) + (f"\n(+{more} more)" if more > 0 else "")

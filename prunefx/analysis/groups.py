@@ -13,6 +13,7 @@ from itertools import pairwise
 import numpy as np
 
 from prunefx.analysis.engine import EngineState, Record
+from prunefx.analysis.roles import OUT, Kind, RecordKey, Role, parse_role
 
 _RNG = np.random.default_rng(0x5EED)
 
@@ -25,9 +26,9 @@ class Member:
     position usually, several when a channel is repeated (SPPF's concat, a flatten into Linear).
     """
 
-    kind: str  # "module" | "param" | "const"
+    kind: Kind
     name: str
-    role: str
+    role: Role
     module_type: str
     index: np.ndarray = field(repr=False, compare=False)
     offsets: np.ndarray = field(repr=False, compare=False)
@@ -45,7 +46,7 @@ class Member:
             return f"{self.role}{{{len(self.index)} positions}}"
         grid = self.index.reshape(-1, reps)
         spans = [_span(grid[:, r]) for r in range(min(reps, 4))]
-        return self.role + "+".join(spans) if reps <= 4 else f"{self.role}{spans[0]}x{reps}"
+        return f"{self.role}" + "+".join(spans) if reps <= 4 else f"{self.role}{spans[0]}x{reps}"
 
 
 def _span(col: np.ndarray) -> str:
@@ -75,8 +76,10 @@ class Group:
     members: tuple[Member, ...]
     roots: np.ndarray = field(repr=False, compare=False)  # class id of each channel, in channel order
 
-    def modules(self, role: str | None = None) -> list[str]:
-        return [m.name for m in self.members if m.kind == "module" and (role is None or m.role == role)]
+    def modules(self, role: Role | str | None = None) -> list[str]:
+        """Names of the modules with a member in this group (only those whose member has ``role``, if given)."""
+        role = parse_role(role) if role is not None else None
+        return [m.name for m in self.members if m.kind is Kind.MODULE and (role is None or m.role == role)]
 
     @property
     def label(self) -> str:
@@ -85,8 +88,8 @@ class Group:
         >>> g.label  # the second half of a C2f's chunked cv1 output
         'model.2.cv1.conv out[16:32]'
         """
-        members = [m for m in self.members if m.kind == "module"]
-        first = next((m for m in members if m.role == "out"), members[0] if members else None)
+        members = [m for m in self.members if m.kind is Kind.MODULE]
+        first = next((m for m in members if m.role == OUT), members[0] if members else None)
         return f"{first.name} {first.describe()}" if first is not None else f"group {self.id}"
 
     def to_dict(self, positions: bool = True) -> dict:
@@ -100,7 +103,8 @@ class Group:
             "exact": self.exact,
             "inexact_reasons": list(self.inexact_reasons),
             "members": [
-                {"kind": m.kind, "name": m.name, "role": m.role, "type": m.module_type, "slices": m.describe(),
+                {"kind": str(m.kind), "name": m.name, "role": str(m.role), "type": m.module_type,
+                 "slices": m.describe(),
                  **({"positions": [list(p) for p in m.positions]} if positions else {})}
                 for m in self.members
             ],
@@ -110,7 +114,7 @@ class Group:
 @dataclass
 class Grouping:
     groups: list[Group]
-    record_roots: dict[tuple[str, str, str], np.ndarray]
+    record_roots: dict[RecordKey, np.ndarray]
     ties: list[tuple[tuple[int, ...], str]]
 
 

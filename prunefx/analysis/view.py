@@ -37,6 +37,7 @@ import torch
 
 from prunefx.analysis.graph import DependencyGraph
 from prunefx.analysis.labels import Lab
+from prunefx.analysis.roles import Kind
 from prunefx.capture.trace import SOURCE_KEY  # the tracer's (file, line, function) of the code that made a node
 from prunefx.capture.values import VALUE_KEY  # the shape pass's node value (meta tensors)
 from prunefx.html.page import GRAPH_SCHEMA  # the page and report.html read this schema
@@ -176,9 +177,9 @@ def graph_data(dg: DependencyGraph, plan: Any = None) -> dict[str, Any]:
         out_nodes.append(record)
 
     def member_nodes(m) -> list[int]:
-        if m.kind == "module":
+        if m.kind is Kind.MODULE:
             return by_module.get(m.name, [])
-        if m.kind == "param":
+        if m.kind is Kind.PARAM:
             return by_attr.get(m.name) or by_module.get(m.name.rsplit(".", 1)[0], [])
         return by_name.get(m.name, [])
 

@@ -8,6 +8,7 @@ import numpy as np
 from torch import nn
 
 from prunefx.analysis.graph import DependencyGraph
+from prunefx.analysis.roles import IN, Kind, RecordKey
 from prunefx.metrics import measure
 
 
@@ -30,28 +31,32 @@ class CostModel:
             for k, r in enumerate(g.roots.tolist()):
                 root_to[r] = (g.id, k)
         # per record: arrays (group id, channel index) per position, -1 when never pruned
-        self._pos: dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray]] = {}
+        self._pos: dict[RecordKey, tuple[np.ndarray, np.ndarray]] = {}
+        by_module: dict[str, list[RecordKey]] = {}
         for key, roots in dg.record_roots.items():
             gid = np.array([root_to.get(r, (-1, -1))[0] for r in roots.tolist()], dtype=np.int64)
             ch = np.array([root_to.get(r, (-1, -1))[1] for r in roots.tolist()], dtype=np.int64)
             self._pos[key] = (gid, ch)
-        self._modules: list[tuple[float, list[tuple[str, str, str]]]] = []
+            if key.kind is Kind.MODULE:
+                by_module.setdefault(key.name, []).append(key)
+        # a module's MACs scale with the kept fraction of every channel dim it has (out, in, channel, each
+        # normalized dim of a LayerNorm); a depthwise conv's in and out are the same channels: counted once
+        self._modules: list[tuple[float, list[RecordKey]]] = []
         named = dict(model.named_modules())
         for name, macs in m.per_module.items():
             mod = named.get(name)
-            roles = [k for k in (("module", name, "out"), ("module", name, "in"), ("module", name, "channel"),
-                                 ("module", name, "normalized0")) if k in self._pos]
+            roles = by_module.get(name, [])
             if isinstance(mod, nn.modules.conv._ConvNd) and mod.groups > 1 and mod.groups == mod.in_channels:
-                roles = [k for k in roles if k[2] != "in"]  # depthwise: in and out are the same channels
+                roles = [k for k in roles if k.role != IN]
             self._modules.append((float(macs), roles))
         self._macs_scaled = sum(m for m, _ in self._modules)
-        self._params: list[tuple[int, list[tuple[str, str, str]]]] = []
+        self._params: list[tuple[int, list[RecordKey]]] = []
         sizes = {n: t.numel() for n, t in (*model.named_parameters(), *model.named_buffers())}
         pnames = {n for n, _ in model.named_parameters()}
         by_param: dict[str, list] = {}
         for key in self._pos:
-            if key[0] == "param" and key[1] in pnames:
-                by_param.setdefault(key[1], []).append(key)
+            if key.kind is Kind.PARAM and key.name in pnames:
+                by_param.setdefault(key.name, []).append(key)
         self._params = [(sizes[n], keys) for n, keys in by_param.items()]
         self._params_scaled = sum(s for s, _ in self._params)
 

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from prunefx.analysis.graph import DependencyGraph
+from prunefx.analysis.roles import Kind
 from prunefx.plan.config import PlanError
 
 
@@ -111,7 +112,7 @@ def validate_plan(dg: DependencyGraph, plan: PruningPlan, *, graph_rewrite: bool
             raise PlanError(f"group {g.id}: kept indices must be distinct and in [0, {g.channels})")
         if not gp.keep:
             raise PlanError(f"group {g.id}: a group cannot be pruned to zero channels")
-        if any(m.kind == "const" for m in g.members) and not graph_rewrite and len(gp.keep) < g.channels:
+        if any(m.kind is Kind.CONST for m in g.members) and not graph_rewrite and len(gp.keep) < g.channels:
             raise PlanError(f"group {g.id}: forward hard-codes its channel count; it needs graph_rewrite")
         counts[g.id] = len(gp.keep)
     for gids, why in dg.ties:

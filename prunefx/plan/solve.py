@@ -12,6 +12,7 @@ import warnings
 import numpy as np
 
 from prunefx.analysis.graph import DependencyGraph
+from prunefx.analysis.roles import Kind
 from prunefx.plan.config import PlanConfig, PlanError
 from prunefx.plan.cost import CostModel
 from prunefx.plan.plan import GroupPlan, PruningPlan
@@ -28,7 +29,7 @@ def _eligible(
         names = g.modules()
         hit = [p for p in cfg.ignore if any(fnmatch.fnmatchcase(n, p) for n in names)]
         used_patterns.update(hit)
-        consts = [m for m in g.members if m.kind == "const" and m.module_type not in owned_constants]
+        consts = [m for m in g.members if m.kind is Kind.CONST and m.module_type not in owned_constants]
         if hit:
             skipped.append((g.id, f"ignored by pattern {hit[0]!r}"))
         elif consts and not cfg.graph_rewrite:

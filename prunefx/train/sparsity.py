@@ -20,6 +20,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.conv import _ConvNd
 from torch.utils.hooks import RemovableHandle
 
+from prunefx.analysis.roles import CHANNEL, IN, OUT, Kind
 from prunefx.errors import PrunefxError
 
 if TYPE_CHECKING:
@@ -251,18 +252,18 @@ def residual_bns(dg: DependencyGraph) -> list[str]:
     """
     names: list[str] = []
     for g in dg.groups:
-        mods = [m for m in g.members if m.kind == "module"]
-        inputs = {m.name for m in mods if m.role == "in"}
+        mods = [m for m in g.members if m.kind is Kind.MODULE]
+        inputs = {m.name for m in mods if m.role == IN}
         producers = [
             m.name
             for m in mods
-            if m.role == "out"
+            if m.role == OUT
             and m.name not in inputs
             and isinstance(dg.gm.get_submodule(m.name), (_ConvNd, nn.Linear))
         ]
         if len(producers) > 1:
             names += [
-                m.name for m in mods if m.role == "channel" and isinstance(dg.gm.get_submodule(m.name), _BatchNorm)
+                m.name for m in mods if m.role == CHANNEL and isinstance(dg.gm.get_submodule(m.name), _BatchNorm)
             ]
     return list(dict.fromkeys(names))
 

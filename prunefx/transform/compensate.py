@@ -21,6 +21,7 @@ import torch.fx as fx
 from torch import nn
 
 from prunefx.analysis.graph import DependencyGraph
+from prunefx.analysis.roles import IN, Kind
 from prunefx.capture.trace import training_mode
 from prunefx.plan import PruningPlan
 from prunefx.transform.keep import keep_by_root, kept_positions
@@ -38,7 +39,7 @@ def _pruned_inputs(dg: DependencyGraph, plan: PruningPlan) -> dict[str, torch.Te
     sorted_roots, keep = keep_by_root(dg, plan)
     out = {}
     for (kind, name, role), roots in dg.record_roots.items():
-        if kind == "module" and role == "in":
+        if kind is Kind.MODULE and role == IN:
             kept = set(kept_positions(roots, sorted_roots, keep).tolist())
             gone = [p for p in range(len(roots)) if p not in kept]
             if gone:

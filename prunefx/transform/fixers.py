@@ -4,7 +4,7 @@ One registry for leaf layers (``in_channels``, ``num_features``, ``groups``...) 
 int following a child's width (ultralytics' ``C2f.c``); integrations register theirs when imported.
 
     @register_fixer(MyLayer)
-    def _fix(m: MyLayer, widths: dict[str, int]) -> None:   # widths: analysed role -> new size ({} for containers)
+    def _fix(m: MyLayer, widths: dict[ModuleRole, int]) -> None:  # analysed role -> new size ({} for containers)
         m.width = m.weight.shape[0]
 """
 
@@ -14,14 +14,18 @@ from collections.abc import Callable
 
 from torch import nn
 
-Fixer = Callable[[nn.Module, dict[str, int]], None]
+from prunefx.analysis.roles import CHANNEL, IN, OUT, ModuleRole, Normalized
+
+Fixer = Callable[[nn.Module, dict[ModuleRole, int]], None]
 _FIXERS: dict[type, Fixer] = {}
 
 
 def register_fixer(*types: type) -> Callable[[Fixer], Fixer]:
-    """Register how a module type's attributes follow its new widths: ``fix(module, widths)``, where widths maps
-    the module's analysed roles ("out", "in", "channel", "normalized0") to new sizes (empty for a container,
-    which re-derives its attributes from its children's tensors). Run for every module of the type after slicing."""
+    """Register how a module type's attributes follow its new widths: ``fix(module, widths)``.
+
+    ``widths`` maps the module's analysed roles (OUT, IN, CHANNEL, Normalized(j) from ``prunefx.analysis.roles``) to
+    new sizes; it is empty for a container, which re-derives its attributes from its children's tensors. The fixer
+    runs for every module of the type after slicing."""
 
     def deco(fn: Fixer) -> Fixer:
         for t in types:
@@ -39,7 +43,7 @@ def fixer_for(module: nn.Module) -> Fixer | None:
     return None
 
 
-def fix_attributes(model: nn.Module, widths: dict[str, dict[str, int]]) -> None:
+def fix_attributes(model: nn.Module, widths: dict[str, dict[ModuleRole, int]]) -> None:
     """Run every module's fixer: modules with analysed widths first, then the containers above them."""
     named = list(model.named_modules())
     for name, module in named:
@@ -53,45 +57,43 @@ def fix_attributes(model: nn.Module, widths: dict[str, dict[str, int]]) -> None:
 
 
 @register_fixer(nn.modules.conv._ConvNd)
-def _fix_conv(m: nn.modules.conv._ConvNd, w: dict[str, int]) -> None:
+def _fix_conv(m: nn.modules.conv._ConvNd, w: dict[ModuleRole, int]) -> None:
     depthwise = m.groups > 1 and m.groups == m.in_channels
-    if "in" in w:
-        m.in_channels = w["in"]
-    if "out" in w:
-        m.out_channels = w["out"]
+    m.in_channels = w.get(IN, m.in_channels)
+    m.out_channels = w.get(OUT, m.out_channels)
     if depthwise:
         m.groups = m.in_channels
 
 
 @register_fixer(nn.Linear)
-def _fix_linear(m: nn.Linear, w: dict[str, int]) -> None:
-    m.in_features = w.get("in", m.in_features)
-    m.out_features = w.get("out", m.out_features)
+def _fix_linear(m: nn.Linear, w: dict[ModuleRole, int]) -> None:
+    m.in_features = w.get(IN, m.in_features)
+    m.out_features = w.get(OUT, m.out_features)
 
 
 @register_fixer(nn.modules.batchnorm._NormBase)
-def _fix_bn(m: nn.modules.batchnorm._NormBase, w: dict[str, int]) -> None:
-    m.num_features = w.get("channel", m.num_features)
+def _fix_bn(m: nn.modules.batchnorm._NormBase, w: dict[ModuleRole, int]) -> None:
+    m.num_features = w.get(CHANNEL, m.num_features)
 
 
 @register_fixer(nn.GroupNorm)
-def _fix_gn(m: nn.GroupNorm, w: dict[str, int]) -> None:
-    m.num_channels = w.get("channel", m.num_channels)
+def _fix_gn(m: nn.GroupNorm, w: dict[ModuleRole, int]) -> None:
+    m.num_channels = w.get(CHANNEL, m.num_channels)
 
 
 @register_fixer(nn.LayerNorm, nn.RMSNorm)
-def _fix_ln(m: nn.Module, w: dict[str, int]) -> None:
+def _fix_ln(m: nn.Module, w: dict[ModuleRole, int]) -> None:
     shape = list(m.normalized_shape)
     for j in range(len(shape)):
-        shape[j] = w.get(f"normalized{j}", shape[j])
+        shape[j] = w.get(Normalized(j), shape[j])
     m.normalized_shape = tuple(shape)
 
 
 @register_fixer(nn.Embedding)
-def _fix_embedding(m: nn.Embedding, w: dict[str, int]) -> None:
-    m.embedding_dim = w.get("out", m.embedding_dim)
+def _fix_embedding(m: nn.Embedding, w: dict[ModuleRole, int]) -> None:
+    m.embedding_dim = w.get(OUT, m.embedding_dim)
 
 
 @register_fixer(nn.PReLU)
-def _fix_prelu(m: nn.PReLU, w: dict[str, int]) -> None:
-    m.num_parameters = w.get("channel", m.num_parameters)
+def _fix_prelu(m: nn.PReLU, w: dict[ModuleRole, int]) -> None:
+    m.num_parameters = w.get(CHANNEL, m.num_parameters)

@@ -8,13 +8,12 @@ validated before the first tensor is touched, so a plan that fails leaves the mo
 
 from __future__ import annotations
 
-import ast
-
 import torch
 from torch import nn
 
 from prunefx import _plugins
 from prunefx.analysis.graph import DependencyGraph
+from prunefx.analysis.roles import Kind, Literal, ModuleRole
 from prunefx.plan import PlanError, PruningPlan, validate_plan
 from prunefx.transform.fixers import fix_attributes
 from prunefx.transform.keep import keep_by_root, kept_positions
@@ -32,15 +31,15 @@ def apply_plan(model: nn.Module, dg: DependencyGraph, plan: PruningPlan, *, grap
     _plugins.activate()  # fixers of the model's library
     sorted_roots, keep = keep_by_root(dg, plan)
     slices: dict[str, list[tuple[int, torch.Tensor]]] = {}
-    widths: dict[str, dict[str, int]] = {}
-    consts: list[tuple[str, str, int]] = []
+    widths: dict[str, dict[ModuleRole, int]] = {}
+    consts: list[tuple[str, Literal, int]] = []
     for (kind, name, role), roots in dg.record_roots.items():
         pos = kept_positions(roots, sorted_roots, keep)
-        if kind == "param" and len(pos) < len(roots):
-            slices.setdefault(name, []).append((int(role[3:]), torch.as_tensor(pos)))
-        elif kind == "module":
+        if kind is Kind.PARAM and len(pos) < len(roots):
+            slices.setdefault(name, []).append((role.dim, torch.as_tensor(pos)))
+        elif kind is Kind.MODULE:
             widths.setdefault(name, {})[role] = len(pos)
-        elif kind == "const" and len(pos) < len(roots):
+        elif kind is Kind.CONST and len(pos) < len(roots):
             consts.append((name, role, len(pos)))
     tensors = dict(model.named_parameters(remove_duplicate=False))
     tensors.update(model.named_buffers(remove_duplicate=False))
@@ -77,24 +76,19 @@ def _slice_tensors(model: nn.Module, tensors: dict[str, torch.Tensor], slices) -
             setattr(model.get_submodule(owner_name), attr, done[id(t)])
 
 
-def _rewrite_constants(dg: DependencyGraph, consts: list[tuple[str, str, int]]) -> None:
+def _rewrite_constants(dg: DependencyGraph, consts: list[tuple[str, Literal, int]]) -> None:
     """Replace literal channel counts in the traced graph (``view(b, 512, -1)``) with the new widths."""
     nodes = {n.name: n for n in dg.gm.graph.nodes}
     for node_name, role, value in consts:
         node = nodes[node_name]
-        path = (
-            ast.literal_eval("[" + role.replace("][", "],[").strip("args") + "]") if role.startswith("args") else None
-        )
-        if path is None:
-            raise PlanError(f"cannot rewrite constant {role} of node {node_name}")
-        args = list(node.args)
-        head = path[0][0]
-        if len(path) == 1:
-            args[head] = value
-        else:
-            inner = list(args[head])
-            inner[path[1][0]] = value
-            args[head] = type(node.args[head])(inner)
-        node.args = tuple(args)
+        node.args = _replaced(node.args, role.path, value)
     dg.gm.graph.lint()
     dg.gm.recompile()
+
+
+def _replaced(container: tuple | list, path: tuple[int, ...], value: int) -> tuple | list:
+    """A copy of nested ``container`` with the item at ``path`` replaced (same container types)."""
+    items = list(container)
+    head, *rest = path
+    items[head] = _replaced(items[head], tuple(rest), value) if rest else value
+    return type(container)(items)

@@ -21,6 +21,7 @@ from _graph_checks import head_consistent, positions, the_group
 from torch import nn
 
 import prunefx
+from prunefx.analysis.roles import Kind
 from prunefx.errors import TraceFailure
 
 
@@ -30,13 +31,13 @@ def analyze(model: nn.Module, *inputs: torch.Tensor) -> prunefx.DependencyGraph:
 
 
 def _member(m) -> str:
-    return ("const:" if m.kind == "const" else "") + f"{m.name}.{m.describe()}"
+    return ("const:" if m.kind is Kind.CONST else "") + f"{m.name}.{m.describe()}"
 
 
 def layout(dg, params: bool = False) -> list[tuple[int, bool, tuple[str, ...]]]:
     """Every group as (channels, prunable, sorted members); parameter members only when asked."""
     rows = [
-        (g.channels, g.prunable, tuple(sorted(_member(m) for m in g.members if params or m.kind != "param")))
+        (g.channels, g.prunable, tuple(sorted(_member(m) for m in g.members if params or m.kind is not Kind.PARAM)))
         for g in dg.groups
     ]
     return sorted(rows)
@@ -350,7 +351,7 @@ def test_depthwise_conv_couples_input_and_output():
     )
     g = the_group(dg, "2")
     assert positions(g, "2.weight", "dim0", kind="param") == tuple((j,) for j in range(8))
-    assert not [m for m in g.members if m.name == "2.weight" and m.role == "dim1"]  # one input per group
+    assert not [m for m in g.members if m.name == "2.weight" and str(m.role) == "dim1"]  # one input per group
     assert any("groups follow the channel count" in c for c in g.constraints)
 
 
@@ -425,7 +426,7 @@ def test_functional_conv_contracts_its_weight_with_the_input():
 def test_functional_conv_kernel_dims_are_not_prunable():
     dg = analyze(FunctionalConv(), torch.randn(X4))
     for dim in ("dim2", "dim3"):
-        (g,) = [g for g in dg.groups if any(m.name == "w" and m.role == dim for m in g.members)]
+        (g,) = [g for g in dg.groups if any(m.name == "w" and str(m.role) == dim for m in g.members)]
         assert not g.prunable, dim
 
 
@@ -477,9 +478,9 @@ def test_flatten_into_linear_expands_each_channel_to_hw_inputs(spelling):
     hw = 6
     assert positions(g, "fc", "in") == tuple(tuple(range(hw * c, hw * (c + 1))) for c in range(4))
     assert positions(g, "fc.weight", "dim1", kind="param") == positions(g, "fc", "in")
-    consts = [m for m in g.members if m.kind == "const"]
+    consts = [m for m in g.members if m.kind is Kind.CONST]
     if spelling == "reshape(b, 24)":
-        assert [(m.name, m.role) for m in consts] == [("reshape", "args[2]")]
+        assert [(m.name, str(m.role)) for m in consts] == [("reshape", "args[2]")]
         assert consts[0].positions == positions(g, "fc", "in")  # the literal counts 6 per channel
     else:
         assert consts == []
@@ -636,7 +637,7 @@ def test_attention_with_inferred_sizes_prunes_head_dims_consistently():
     assert positions(g, "proj", "in") == tuple((d, 4 + d) for d in range(4))
     expect_stream = ["embed.out[0:8]", "qkv.in[0:8]", "proj.out[0:8]", "head.in[0:8]"]
     assert the_group(dg, "embed").prunable
-    assert sorted(_member(m) for m in the_group(dg, "embed").members if m.kind == "module") == sorted(expect_stream)
+    assert sorted(_member(m) for m in the_group(dg, "embed").members if m.kind is Kind.MODULE) == sorted(expect_stream)
 
 
 def test_non_local_block_couples_contracted_projections():
@@ -697,7 +698,7 @@ def test_layer_norm_over_channels_is_inexact(layout_):
     expect(dg, (8, True, ["a.out[0:8]", "ln.normalized0[0:8]", "c.in[0:8]"]), (2, False, ["c.out[0:2]"]))
     g = the_group(dg, "a")
     assert not g.exact and any("LayerNorm" in r for r in g.inexact_reasons)
-    ln_params = {(m.name, m.role) for m in g.members if m.kind == "param" and m.name.startswith("ln.")}
+    ln_params = {(m.name, str(m.role)) for m in g.members if m.kind is Kind.PARAM and m.name.startswith("ln.")}
     assert ln_params == {("ln.weight", "dim0"), ("ln.bias", "dim0")}
 
 
@@ -713,7 +714,7 @@ def test_functional_layer_norm_records_its_literal_shape():
     dg = analyze(LN(), torch.randn(1, 5, 3))
     g = the_group(dg, "a")
     assert g.prunable and not g.exact
-    assert [(m.name, m.role) for m in g.members if m.kind == "const"] == [("layer_norm", "args[1][0]")]
+    assert [(m.name, str(m.role)) for m in g.members if m.kind is Kind.CONST] == [("layer_norm", "args[1][0]")]
 
 
 @pytest.mark.parametrize("affine", [True, False])
@@ -723,7 +724,7 @@ def test_instance_norm_is_exact_per_channel(affine):
     expect(dg, (8, True, ["0.out[0:8]", "1.channel[0:8]", "2.in[0:8]"]), (2, False, ["2.out[0:2]"]))
     g = the_group(dg, "0")
     assert g.exact
-    norm_params = {m.name for m in g.members if m.kind == "param" and m.name.startswith("1.")}
+    norm_params = {m.name for m in g.members if m.kind is Kind.PARAM and m.name.startswith("1.")}
     assert norm_params == ({"1.weight", "1.bias"} if affine else set())
 
 
@@ -849,7 +850,7 @@ def test_model_input_channels_are_never_prunable():
     dg = analyze(InputUses(), torch.randn(X4))
     for name in ("a", "b"):
         assert dg.groups_of(name, "in") == []  # the input channels belong to no group
-        assert not any(m.name == f"{name}.weight" and m.role == "dim1" for g in dg.groups for m in g.members)
+        assert not any(m.name == f"{name}.weight" and str(m.role) == "dim1" for g in dg.groups for m in g.members)
     assert frozen_because(the_group(dg, "a"), "element-wise with an operand whose channels cannot be sliced")
 
 
@@ -871,7 +872,7 @@ def test_learned_parameter_added_in_forward_is_sliced_with_the_channels():
     assert positions(g, "gamma", "dim0", kind="param") == tuple((j,) for j in range(8))
     assert positions(g, "head", "in") == tuple((j,) for j in range(8))
     # the token dim of pos is not a channel set anyone may prune
-    (tokens,) = [g for g in dg.groups if any(m.name == "pos" and m.role == "dim1" for m in g.members)]
+    (tokens,) = [g for g in dg.groups if any(m.name == "pos" and str(m.role) == "dim1" for m in g.members)]
     assert not tokens.prunable
 
 
@@ -887,8 +888,8 @@ def test_hard_coded_view_size_is_a_graph_constant_member():
 
     dg = analyze(HardView(), torch.randn(X4))
     expect(dg, (8, True, ["a.out[0:8]", "const:view.args[2][0:8]", "fc.in[0:8]"]), (2, False, ["fc.out[0:2]"]))
-    (const,) = [m for m in the_group(dg, "a").members if m.kind == "const"]
-    assert (const.kind, const.name, const.role, const.module_type) == ("const", "view", "args[2]", "")
+    (const,) = [m for m in the_group(dg, "a").members if m.kind is Kind.CONST]
+    assert (str(const.kind), const.name, str(const.role), const.module_type) == ("const", "view", "args[2]", "")
 
 
 def test_constant_channel_slice_is_frozen():

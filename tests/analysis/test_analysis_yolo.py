@@ -26,6 +26,8 @@ from ultralytics.nn.modules.conv import Concat
 from ultralytics.nn.modules.head import Detect
 from ultralytics.nn.tasks import ClassificationModel, DetectionModel, PoseModel, SegmentationModel
 
+from prunefx.analysis.roles import Kind
+
 IMGSZ = 64
 
 
@@ -214,7 +216,7 @@ def test_detect_analysis_has_no_unknown_ops_or_leaves(det):
     model, dg = det
     assert dg.unknown_ops == {} and dg.auto_leaves == {}
     assert len(dg.prunable) >= 40
-    assert [g.id for g in dg.prunable if not any(m.kind == "module" for m in g.members)] == []
+    assert [g.id for g in dg.prunable if not any(m.kind is Kind.MODULE for m in g.members)] == []
 
 
 # ---- YOLO11 C2PSA / Attention ----------------------------------------------------------------------------------------
@@ -250,7 +252,7 @@ def test_attention_qkv_is_pruned_only_head_consistently(yolo11n):
         for g in prunable:
             for pos in positions(g, qkv, "out"):
                 assert head_consistent(pos, where), (g.id, pos)
-            assert any(m.kind == "const" and m.name in view_nodes for m in g.members), g.id
+            assert any(m.kind is Kind.CONST and m.name in view_nodes for m in g.members), g.id
         # Decision as of this writing: key-dim offsets (q+k of both heads) and head-dim offsets (v of both heads,
         # tied to the residual stream through view(B, C, H, W)) are both prunable.
         parts = {frozenset(where(x)[0] for pos in positions(g, qkv, "out") for x in pos) for g in prunable}
@@ -273,7 +275,7 @@ def test_c2psa_split_halves_record_their_size_literals(yolo11n):
     ((p, m),) = blocks(model, C2PSA)
     groups = dg.groups_of(f"{p}.cv1.conv", "out")
     for g in groups:
-        assert any(m_.kind == "const" and m_.role.startswith("args[1]") for m_ in g.members)
+        assert any(m_.kind is Kind.CONST and str(m_.role).startswith("args[1]") for m_ in g.members)
     assert maps_at_offset(groups[0], f"{p}.cv1.conv", f"{p}.cv2.conv", 0)
 
 

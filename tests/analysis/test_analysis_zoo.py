@@ -17,6 +17,7 @@ from _graph_checks import producers
 from torch import nn
 
 import prunefx
+from prunefx.analysis.roles import OUT, Kind
 from prunefx.spec import meta_torchvision
 
 ZOO = torchvision.models.list_models(module=torchvision.models)
@@ -67,7 +68,7 @@ def output_producers(gm: fx.GraphModule) -> set[str]:
 def assert_channels_partitioned(dg, model: nn.Module) -> None:
     """Each position of a layer role / parameter dim belongs to one channel of one group, and every output
     channel of every Conv / Linear in the graph is in some group."""
-    seen: dict[tuple[str, str, str], list[np.ndarray]] = {}
+    seen: dict[tuple, list[np.ndarray]] = {}
     for g in dg.groups:
         for m in g.members:
             assert len(m.offsets) == g.channels + 1, (g.id, m.name, m.role)  # one slot list per channel
@@ -76,13 +77,13 @@ def assert_channels_partitioned(dg, model: nn.Module) -> None:
     for (kind, name, role), parts in seen.items():
         pos = np.concatenate(parts)
         assert len(np.unique(pos)) == len(pos), f"{name}.{role}: a position in two channels"
-        if kind == "param" and name in tensors:
-            assert pos.max() < tensors[name].shape[int(role[3:])], (name, role)
+        if kind is Kind.PARAM and name in tensors:
+            assert pos.max() < tensors[name].shape[role.dim], (name, role)
     called = {n.target for n in dg.gm.graph.nodes if n.op == "call_module"}
     for name, mod in model.named_modules():
         if name in called and isinstance(mod, (nn.Conv2d, nn.Linear)):
             width = mod.out_channels if isinstance(mod, nn.Conv2d) else mod.out_features
-            pos = np.sort(np.concatenate(seen[("module", name, "out")]))
+            pos = np.sort(np.concatenate(seen[(Kind.MODULE, name, OUT)]))
             assert np.array_equal(pos, np.arange(width)), name
 
 
@@ -110,7 +111,7 @@ def test_zoo_model_analyses(name):
 
     assert_channels_partitioned(dg, model)
     # a prunable group always touches a layer (a group of bare parameter positions would be kernel taps etc.)
-    assert [g.id for g in dg.prunable if not any(m.kind == "module" for m in g.members)] == []
+    assert [g.id for g in dg.prunable if not any(m.kind is Kind.MODULE for m in g.members)] == []
 
 
 def test_zoo_list_is_the_one_tested():

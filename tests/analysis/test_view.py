@@ -11,6 +11,7 @@ import torchvision
 from torch import nn
 
 import prunefx
+from prunefx.analysis.roles import Kind
 from prunefx.analysis.view import graph_data, reason_key
 from prunefx.capture.trace import SOURCE_KEY
 
@@ -56,7 +57,7 @@ def test_each_node_carries_its_channels_groups(r18) -> None:
     groups = {g["id"]: g for g in data["groups"]}
     for g in dg.groups:  # every member points at the node drawing it
         for m, md in zip(g.members, groups[g.id]["members"], strict=True):
-            owner = m.name if m.kind == "module" else m.name.rsplit(".", 1)[0]
+            owner = m.name if m.kind is Kind.MODULE else m.name.rsplit(".", 1)[0]
             assert [data["nodes"][i]["target"] for i in md["node"]] == [owner], m
             assert md["slices"] == m.describe() and "positions" not in md
 

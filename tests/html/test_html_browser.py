@@ -27,6 +27,8 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import WebDriverWait
 
+from prunefx.analysis.roles import Kind
+
 CHROMIUM = os.environ.get("PRUNEFX_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("PRUNEFX_CHROMEDRIVER", "/usr/bin/chromedriver")
 WINDOW = (1500, 950)
@@ -160,8 +162,8 @@ def test_click_resnet_layer1_0_conv1_shows_its_group_and_lights_its_members(brow
     out = dg.group_of("layer1.0.conv1")
     cards = panel_groups(browser)
     assert cards[0]["id"] == out.id and cards[0]["state"] == "prunable"
-    assert cards[0]["members"] == [m.name for m in out.members if m.kind == "module"] + [
-        m.name for m in out.members if m.kind == "param"]  # module rows, then their parameter slices
+    assert cards[0]["members"] == [m.name for m in out.members if m.kind is Kind.MODULE] + [
+        m.name for m in out.members if m.kind is Kind.PARAM]  # module rows, then their parameter slices
     assert {c["id"] for c in cards[1:]} == {dg.group_of("layer1.0.conv1", "in").id}
     assert lit(browser, "mem") == set(out.modules()) and lit(browser, "sel") == {"layer1.0.conv1"}
     assert "resnet.py" in browser.find_element(By.CSS_SELECTOR, "#panel .src").text

@@ -248,7 +248,7 @@ def _train_digits(x, y, target: float | None, epochs: int = 10, batch: int = 64,
     return sparsity_stats(model)["below_0.01"], acc
 
 
-@pytest.mark.xfail(reason="TargetSparsity overshoots its target here (0.44 for 0.3; fails at 0dbae74 too): issue 12 item 6")
+@pytest.mark.xfail(reason="TargetSparsity overshoots here (0.44 for 0.3; fails at 0dbae74 too): issue 12 item 6")
 def test_target_sparsity_reaches_the_target_where_plain_training_does_not(digits):
     plain, plain_acc = _train_digits(*digits, target=None)
     sparse, sparse_acc = _train_digits(*digits, target=0.3)

@@ -6,6 +6,7 @@ import numpy as np
 from torch import nn
 
 from prunefx.analysis.labels import Lab
+from prunefx.analysis.roles import CHANNEL, IN, OUT, Normalized
 from prunefx.analysis.rules._registry import register_rule
 
 
@@ -41,7 +42,7 @@ def _conv_batched(ctx, m, lab: Lab, transposed: bool) -> Lab:
     w_in, w_out = (0, 1) if transposed else (1, 0)
     if g == 1:
         if xin is not None:
-            ctx.member("in", xin)
+            ctx.member(IN, xin)
             ctx.param(f"{name}.weight", w_in, xin)
         ctx.param(f"{name}.weight", w_out, out)
     else:
@@ -51,7 +52,7 @@ def _conv_batched(ctx, m, lab: Lab, transposed: bool) -> Lab:
                 ctx.freeze(out, "depthwise conv over channels that cannot be pruned")
             else:
                 ctx.union(out.reshape(g, ko), np.broadcast_to(xin[:, None], (g, ko)))
-                ctx.member("in", xin)
+                ctx.member(IN, xin)
                 ctx.note(xin, f"depthwise {name}: groups follow the channel count")
                 if transposed:
                     ctx.param(f"{name}.weight", 0, xin)
@@ -61,10 +62,10 @@ def _conv_batched(ctx, m, lab: Lab, transposed: bool) -> Lab:
             block_out = couple_blocks(ctx, out, g, "conv groups")
             if xin is not None:
                 block_in = couple_blocks(ctx, xin, g, "conv groups")
-                ctx.member("in", xin)
+                ctx.member(IN, xin)
                 ctx.param(f"{name}.weight", w_in, xin if transposed else block_in)
             ctx.param(f"{name}.weight", w_out, block_out if transposed else out)
-    ctx.member("out", out)
+    ctx.member(OUT, out)
     if m.bias is not None:
         ctx.param(f"{name}.bias", 0, out)
     return Lab((lab.dims[0], out, *([None] * (lab.ndim - 2))))
@@ -85,10 +86,10 @@ def linear(ctx) -> Lab:
     m, lab = ctx.module, ctx.lab(ctx.args[0])
     xin = lab.dims[-1]
     if xin is not None:
-        ctx.member("in", xin)
+        ctx.member(IN, xin)
         ctx.param(f"{ctx.name}.weight", 1, xin)
     out = ctx.fresh(m.out_features)
-    ctx.member("out", out)
+    ctx.member(OUT, out)
     ctx.param(f"{ctx.name}.weight", 0, out)
     if m.bias is not None:
         ctx.param(f"{ctx.name}.bias", 0, out)
@@ -99,7 +100,7 @@ def linear(ctx) -> Lab:
 def embedding(ctx) -> Lab:
     lab = ctx.lab(ctx.args[0])
     out = ctx.fresh(ctx.module.embedding_dim)
-    ctx.member("out", out)
+    ctx.member(OUT, out)
     ctx.param(f"{ctx.name}.weight", 1, out)
     return Lab((*lab.dims, out))
 
@@ -108,7 +109,7 @@ def _per_channel(ctx, lab: Lab, dim: int, params: tuple[str, ...]) -> None:
     atoms = lab.dims[dim] if lab.ndim > dim else None
     if atoms is None:
         return
-    ctx.member("channel", atoms)
+    ctx.member(CHANNEL, atoms)
     for p in params:
         if getattr(ctx.module, p, None) is not None:
             ctx.param(f"{ctx.name}.{p}", 0, atoms)
@@ -142,7 +143,7 @@ def layer_norm(ctx) -> Lab:
         if atoms is None:
             continue
         ctx.inexact(atoms, f"{type(ctx.module).__name__} statistics mix channels")
-        ctx.member(f"normalized{j}", atoms)
+        ctx.member(Normalized(j), atoms)
         for p in ("weight", "bias"):
             if getattr(ctx.module, p, None) is not None:
                 ctx.param(f"{ctx.name}.{p}", j, atoms)

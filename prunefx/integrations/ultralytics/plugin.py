@@ -7,6 +7,7 @@ from ultralytics.nn.modules import block
 from ultralytics.nn.tasks import BaseModel
 
 from prunefx.analysis.outputs import register_free_outputs
+from prunefx.analysis.roles import ModuleRole
 from prunefx.transform.fixers import register_fixer
 
 # Detect returns the neck outputs (``feats``) next to its predictions; the loss and the decoder read only their
@@ -15,14 +16,14 @@ register_free_outputs(BaseModel, "feats")
 
 
 @register_fixer(block.C2f, block.C2PSA)
-def _halves(m: nn.Module, widths: dict[str, int]) -> None:
+def _halves(m: nn.Module, widths: dict[ModuleRole, int]) -> None:
     # forward_split / C2PSA.forward split cv1's output into (c, c): the analysis ties the halves' counts
     # (chunk(2)), so c is half of cv1's new width.
     m.c = m.cv1.conv.weight.shape[0] // 2
 
 
 @register_fixer(BaseModel)
-def _param_counts(m: nn.Module, widths: dict[str, int]) -> None:
+def _param_counts(m: nn.Module, widths: dict[ModuleRole, int]) -> None:
     # parse_model stores each layer's parameter count in ``np`` (printed by model.info()): refresh it.
     for layer in getattr(m, "model", ()):
         if isinstance(getattr(layer, "np", None), int):

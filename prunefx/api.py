@@ -20,7 +20,7 @@ from torch import nn
 from prunefx.analysis import DependencyGraph, analyze
 from prunefx.importance import Scores, score
 from prunefx.plan import CostModel, PlanConfig, PruningPlan, make_plan
-from prunefx.transform import Compensation, apply_plan, compensate
+from prunefx.transform import Compensation, apply_plan, compensate, owned_modules
 from prunefx.verify import VerifyResult, verify
 
 
@@ -44,26 +44,28 @@ def prune(
     criterion: str = "bn_scale",
     check: bool = True,
     bias_compensation: bool | None = None,
+    capture: str = "auto",
     **score_kwargs: Any,
 ) -> PruneResult:
     """Prune ``model`` in place to ``config``'s target and (with ``check``) verify it against the masked original.
 
     ``bias_compensation`` (default: on for ``bn_scale``) folds the removed channels' mean contribution
     into their consumers first; the oracle then checks against the equally compensated original.
+    ``capture`` ("auto", "fx", "export") is how :func:`prunefx.analyze` captures the model.
     ``score_kwargs`` go to :func:`prunefx.importance.score` (``fallback``, ``calibration``, ``loss_fn``, ``seed``).
     """
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
     config = config or PlanConfig(ratio=0.3)
-    dg = analyze(model, example_inputs)
+    dg = analyze(model, example_inputs, capture=capture)
     scores = score(model, dg, criterion, **score_kwargs)
     needs_cost = config.flops is not None or config.params is not None
     cost = CostModel(model, dg, example_inputs) if needs_cost or check else None
-    plan = make_plan(dg, scores.values, config, criterion=criterion, cost=cost)
+    plan = make_plan(dg, scores.values, config, criterion=criterion, cost=cost, owned_constants=owned_modules(model))
     if bias_compensation is None:
         bias_compensation = criterion == "bn_scale"
     compensation = compensate(model, dg, plan, example_inputs) if bias_compensation else None
     original = copy.deepcopy(model) if check else None  # after compensation: values, not shapes, changed
     pruned = apply_plan(model, dg, plan, graph_rewrite=config.graph_rewrite)
-    verified = verify(original, pruned, plan, example_inputs) if check else None
+    verified = verify(original, pruned, plan, example_inputs, capture=dg.capture) if check else None
     return PruneResult(pruned, plan, dg, scores, verified, compensation)

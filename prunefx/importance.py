@@ -13,7 +13,7 @@ New criteria plug in with ``@register_criterion("name")`` on ``fn(ctx, group) ->
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -23,7 +23,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from prunefx.analysis.groups import Group, Member
-from prunefx.analysis.roles import CHANNEL, Kind
+from prunefx.analysis.roles import CHANNEL, IN, Kind
 from prunefx.errors import PrunefxError
 
 if TYPE_CHECKING:
@@ -70,6 +70,7 @@ class ScoreContext:
     calibration: Iterable[tuple[Any, Any]] | None = None
     loss_fn: Callable[[Any, Any], torch.Tensor] | None = None
     seed: int = 0
+    weights: Mapping[str, torch.Tensor] | None = None  # parameter values kept elsewhere (a checkpoint on disk)
     _cache: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def module(self, name: str) -> nn.Module:
@@ -79,7 +80,10 @@ class ScoreContext:
         """The parameter ``name``, or None for a buffer (running stats are statistics, not weights)."""
         if "params" not in self._cache:
             self._cache["params"] = dict(self.model.named_parameters(remove_duplicate=False))
-        return self._cache["params"].get(name)
+        p = self._cache["params"].get(name)
+        if p is not None and self.weights is not None:
+            return self.weights[name]  # read on demand: slice_norms keeps the norms, not the tensor
+        return p
 
     def slice_norms(self, name: str, dim: int, p: Literal[1, 2]) -> np.ndarray:
         """L``p`` norm of every slice of parameter ``name`` along ``dim`` (computed once for every sliced dim)."""
@@ -102,6 +106,49 @@ class ScoreContext:
         if "taylor" not in self._cache:
             self._cache["taylor"] = self._taylor()
         return self._cache["taylor"][name][dim]
+
+    def input_norms(self, module: str) -> np.ndarray | None:
+        """L2 norm, over every calibration position, of each input feature of ``module`` (one pass over the
+        calibration data records every module the scored groups are read by)."""
+        if "inputs" not in self._cache:
+            self._cache["inputs"] = self._input_norms()
+        return self._cache["inputs"].get(module)
+
+    def _input_norms(self) -> dict[str, np.ndarray]:
+        if self.calibration is None:
+            raise PrunefxError("criterion 'activation' needs calibration=[inputs, ...] (a few hundred tokens suffice)")
+        names = {m.name for g in self.groups for m in g.members if m.kind is Kind.MODULE and m.role == IN}
+        sums: dict[str, torch.Tensor] = {}
+
+        def hook(name: str) -> Callable:
+            def record(module: nn.Module, args: tuple) -> None:
+                x = args[0].detach().float()
+                if x.dim() > 2 and _channels_first(module):  # (N, C, *spatial): features on dim 1
+                    x = x.movedim(1, -1)
+                s = x.reshape(-1, x.shape[-1]).square().sum(0)
+                sums[name] = sums[name] + s if name in sums else s
+
+            return record
+
+        handles = [self.module(n).register_forward_pre_hook(hook(n)) for n in sorted(names)]
+        modes = [(m, m.training) for m in self.model.modules()]
+        self.model.eval()
+        device = next((p.device for p in self.model.parameters()), torch.device("cpu"))
+        batches = 0
+        try:
+            with torch.no_grad():
+                for item in self.calibration:
+                    inputs = item[0] if isinstance(item, tuple) and len(item) == 2 else item
+                    _call(self.model, _to(inputs, device))
+                    batches += 1
+        finally:
+            for h in handles:
+                h.remove()
+            for m, t in modes:
+                m.training = t
+        if batches == 0:
+            raise PrunefxError("criterion 'activation': calibration yielded no batch")
+        return {n: _numpy(s.sqrt()) for n, s in sums.items()}
 
     def _dims(self) -> dict[str, set[int]]:
         """Every dim of every parameter that the scored groups slice."""
@@ -162,6 +209,7 @@ def score(
     calibration: Iterable[tuple[Any, Any]] | None = None,
     loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
     seed: int = 0,
+    weights: Mapping[str, torch.Tensor] | None = None,
 ) -> Scores:
     """Score every channel of ``groups`` (default: the prunable ones) with ``criterion``, else ``fallback``.
 
@@ -170,7 +218,7 @@ def score(
     fn, fb = _lookup(criterion), _lookup(fallback) if fallback is not None else None
     by_id = {g.id: g for g in dg.groups}
     chosen = tuple(dg.prunable if groups is None else (by_id[g] if isinstance(g, int) else g for g in groups))
-    ctx = ScoreContext(model, dg, chosen, calibration, loss_fn, seed)
+    ctx = ScoreContext(model, dg, chosen, calibration, loss_fn, seed, weights)
     values: dict[int, np.ndarray] = {}
     used: dict[int, str] = {}
     for g in chosen:
@@ -245,6 +293,41 @@ def taylor(ctx: ScoreContext, group: Group) -> np.ndarray | None:
 def random_scores(ctx: ScoreContext, group: Group) -> np.ndarray:
     """Uniform noise seeded by (seed, group id): the control any criterion must beat."""
     return np.random.default_rng([ctx.seed, group.id]).random(group.channels)
+
+
+@register_criterion("activation", not_applicable="no layer in the group reads these channels as its input")
+def activation(ctx: ScoreContext, group: Group) -> np.ndarray | None:
+    """Activation-aware weight magnitude, structured (Wanda, Sun et al. 2023; FLAP, An et al. 2024): at every layer
+    that reads the channel, ||its input column over the calibration data|| x ||the weight column that reads it||,
+    normalised per layer and averaged. A head or MLP unit that carries little signal into its consumer goes first.
+    ``calibration``: model inputs (or ``(inputs, targets)`` pairs); a few hundred tokens are enough.
+    """
+    rows = []
+    for m in group.members:
+        if m.kind is not Kind.MODULE or m.role != IN:
+            continue
+        norms, w = ctx.input_norms(m.name), _input_column_norms(ctx.module(m.name))
+        if norms is None or w is None or len(norms) != len(w):
+            continue
+        v = (norms * w)[m.index]
+        mean = v.mean()
+        rows.append(_channel_sum(v / mean if mean > 0 else v, m.offsets))
+    return np.mean(rows, axis=0) if rows else None
+
+
+def _channels_first(module: nn.Module) -> bool:
+    return isinstance(module, nn.modules.conv._ConvNd)
+
+
+def _input_column_norms(module: nn.Module) -> np.ndarray | None:
+    """L2 norm of the weight that reads each input feature (Linear: a column; conv: an input channel's filters)."""
+    w = getattr(module, "weight", None)
+    if not isinstance(w, torch.Tensor) or w.dim() < 2:
+        return None
+    w = w.detach()
+    if type(module).__name__ == "Conv1D":  # Hugging Face's (in, out) layout
+        return _numpy(w.square().sum(1).sqrt())
+    return _numpy(w.transpose(0, 1).reshape(w.shape[1], -1).square().sum(1).sqrt())
 
 
 def _magnitude(ctx: ScoreContext, group: Group, p: Literal[1, 2]) -> np.ndarray | None:

@@ -26,6 +26,7 @@ from prunefx.analysis.graph import DependencyGraph
 from prunefx.analysis.labels import Lab
 from prunefx.analysis.outputs import default_free_outputs, drop_keys
 from prunefx.analysis.rules import TRAIN_ONLY
+from prunefx.capture.export import export_graph
 from prunefx.capture.trace import trace, training_mode
 from prunefx.plan import PlanError, PruningPlan, validate_plan
 
@@ -147,8 +148,12 @@ def verify(
     *,
     rtol: float = 1e-4,
     dg: DependencyGraph | None = None,
+    capture: str = "auto",
 ) -> VerifyResult:
     """Check ``pruned`` against ``original`` (an unpruned copy) masked by ``plan``.
+
+    Both are captured the same way (``capture``, or ``dg``'s): an fx graph, or for a torch.export analysis the ATen
+    graph of the pruned model's own forward (so its rewritten attributes are what runs).
 
     >>> original = copy.deepcopy(model); result = prunefx.prune(model, x, cfg)
     >>> prunefx.verify(original, model, result.plan, x).ok
@@ -159,9 +164,12 @@ def verify(
     _plugins.activate()
     if dg is not None and not _shares_weights(dg.gm, original):
         raise PlanError("dg must be the analysis of `original` (the unpruned copy), not of the pruned model")
-    dg = dg or analyze(original, example_inputs)
+    dg = dg or analyze(original, example_inputs, capture=capture)
     reference = masked_outputs(original, dg, plan, example_inputs)
-    gm = trace(pruned, example_inputs, training=True)
+    if dg.capture == "export":
+        gm = export_graph(pruned, example_inputs)
+    else:
+        gm = trace(pruned, example_inputs, training=True)
     with training_mode(gm, False), torch.no_grad():
         got = _outputs(_EvalGraph(gm).run(*example_inputs), default_free_outputs(original))
     if len(reference) == len(got):

@@ -18,9 +18,12 @@ from prunefx.analysis.groups import Group, Member, build_groups
 from prunefx.analysis.outputs import default_free_outputs
 from prunefx.analysis.roles import Kind
 from prunefx.analysis.rules import RULES, OpRegistry
+from prunefx.capture.export import export_graph, prefers_export
 from prunefx.capture.trace import META_KEY, trace
 from prunefx.capture.values import propagate
-from prunefx.errors import PrunefxError
+from prunefx.errors import PrunefxError, TraceFailure
+
+CAPTURES = ("auto", "fx", "export")
 
 
 def analyze(
@@ -30,14 +33,17 @@ def analyze(
     leaves: Sequence[str] = (),
     registry: OpRegistry = RULES,
     free_outputs: Sequence[str] | None = None,
+    capture: str = "auto",
 ) -> DependencyGraph:
-    """Trace ``model`` (in training mode, flags restored), propagate shapes and group coupled channels.
+    """Capture ``model`` as a graph (flags restored), give every node a value and group coupled channels.
 
     >>> dg = analyze(torchvision.models.resnet18(), torch.randn(1, 3, 224, 224))
     >>> print(dg.summary())
 
     ``free_outputs``: names of dict entries in the model's output whose channel count may change (only
     their shapes are read downstream); None uses the defaults registered for the model's type.
+    ``capture``: "fx" (symbolic trace of the training-mode graph), "export" (``torch.export``'s ATen graph in eval
+    mode, for code fx cannot follow) or "auto" (see :func:`capture_graph`). Models on the meta device work.
     """
     if not isinstance(model, nn.Module):
         raise PrunefxError(f"analyze expects a torch.nn.Module, got {type(model).__name__}")
@@ -46,13 +52,12 @@ def analyze(
     example_inputs = tuple(example_inputs)
     _plugins.activate()  # the model's library is imported by now: its rules, fixers and free outputs register
     t0 = time.perf_counter()
-    # Train mode exposes every layer that learns (YOLO Detect's raw head, aux classifiers); tracing runs
-    # no tensor op, so nothing in the model changes, and each module's flag is restored afterwards.
-    gm = model if isinstance(model, fx.GraphModule) else trace(model, example_inputs, leaves=leaves, training=True)
-    shape_pass = propagate(gm, example_inputs)
+    gm = model if isinstance(model, fx.GraphModule) else capture_graph(model, example_inputs, capture, leaves=leaves)
+    how = gm.meta.get(META_KEY, {}).get("capture", "fx")
+    shape_pass = "export" if how == "export" else propagate(gm, example_inputs)  # export's graph has its values
     if free_outputs is None:
         free_outputs = default_free_outputs(model)
-    engine = Engine(gm, registry, tuple(free_outputs))
+    engine = Engine(gm, registry, tuple(free_outputs), modules=dict(model.named_modules(remove_duplicate=False)))
     state = engine.run()
     _tie_shared_tensors(gm, state)
     grouping = build_groups(state)
@@ -70,7 +75,43 @@ def analyze(
         atoms=state.atoms,
         node_labels={n.name: v for n, v in engine.env.items()},
         input_shapes=tuple(tuple(x.shape) for x in example_inputs if isinstance(x, torch.Tensor)),
+        capture=how,
     )
+
+
+def capture_graph(
+    model: nn.Module, example_inputs: Sequence[Any], capture: str = "auto", *, leaves: Sequence[str] = ()
+) -> fx.GraphModule:
+    """The model as a graph the analysis walks: torch.fx or torch.export (see :func:`analyze`).
+
+    fx traces the training-mode graph (every layer that learns, e.g. YOLO's raw head, and size provenance such as
+    ``x.shape[1] // 2``). "auto" uses it unless a plugin registered the model's type for export (transformers), fx
+    cannot trace the model, or it had to hide parameters inside automatic leaves (their channels would all be
+    frozen); then ``torch.export``, which follows Python control flow by running it on fake tensors.
+    """
+    if capture not in CAPTURES:
+        raise PrunefxError(f"capture must be one of {', '.join(CAPTURES)}; got {capture!r}")
+    example_inputs = tuple(example_inputs)
+    if capture == "export" or (capture == "auto" and prefers_export(model)):
+        return export_graph(model, example_inputs)
+    try:
+        # Train mode exposes every layer that learns (YOLO Detect's raw head, aux classifiers); tracing runs
+        # no tensor op, so nothing in the model changes, and each module's flag is restored afterwards.
+        gm = trace(model, example_inputs, leaves=leaves, training=True)
+    except TraceFailure as fx_failure:
+        if capture == "fx":
+            raise
+        try:
+            return export_graph(model, example_inputs)
+        except TraceFailure as export_failure:
+            raise TraceFailure(f"{fx_failure}\nand with torch.export: {export_failure}") from export_failure
+    leaves = gm.meta[META_KEY]["auto_leaves"]
+    if capture == "auto" and any(next(model.get_submodule(n).parameters(), None) is not None for n in leaves):
+        try:
+            return export_graph(model, example_inputs)
+        except TraceFailure:
+            return gm  # fx with its automatic leaves (reported in DependencyGraph.auto_leaves) is what there is
+    return gm
 
 
 def _tie_shared_tensors(gm: fx.GraphModule, state) -> None:

@@ -21,6 +21,7 @@ from torch import nn
 from prunefx.analysis.atoms import AtomTable
 from prunefx.analysis.labels import Lab, SizeRef
 from prunefx.analysis.outputs import drop_keys
+from prunefx.analysis.products import Product, resolve
 from prunefx.analysis.roles import Kind, Literal, ModuleRole, ParamDim, RecordKey, Role
 from prunefx.analysis.rules._registry import RULES, OpRegistry
 from prunefx.capture.values import VALUE_KEY
@@ -36,6 +37,7 @@ class Record:
     atoms: np.ndarray
     module_type: str = ""
     owner: str = ""  # module whose forward contains a graph constant
+    source: object = field(default=None, repr=False)  # the label array a constant was recorded for (identity)
 
 
 @dataclass
@@ -51,6 +53,8 @@ class EngineState:
     ties: list[EqualCount] = field(default_factory=list)
     notes: list[tuple[np.ndarray, str]] = field(default_factory=list)
     unknown: dict[str, str] = field(default_factory=dict)  # node name -> description of the op without a rule
+    products: list[Product] = field(default_factory=list)  # reshapes splitting / merging channel dims
+    batch_tags: list[np.ndarray] = field(default_factory=list)  # channels that index slices of a contraction
 
 
 def _flatten(x: Any) -> list[Any]:
@@ -160,8 +164,18 @@ class Ctx:
         """Record that ``role`` (OUT, IN, CHANNEL, Normalized(j)) of a module (this node's, by default) has these
         channels."""
         name = name or self.name
-        mtype = type(self.module).__name__ if self.module is not None and name == self.name else ""
-        self._record(Kind.MODULE, name, role, atoms, module_type=mtype)
+        module = self.module if self.module is not None and name == self.name else self.engine.modules.get(name)
+        self._record(Kind.MODULE, name, role, atoms, module_type=type(module).__name__ if module is not None else "")
+
+    def product(self, grid: np.ndarray, factors: list[tuple[int, np.ndarray]], literal: list[bool]) -> None:
+        """Positions ``grid`` of a flat dim go when any factor dim's index goes; one factor becomes the unit after
+        the walk (see :mod:`prunefx.analysis.products`)."""
+        self.state.products.append(Product(grid, tuple(factors), tuple(literal), f"reshape at {self.where()}"))
+
+    def tag_batch(self, atoms: np.ndarray | None) -> None:
+        """These channels index independent slices of a contraction (attention heads of q.k^T)."""
+        if atoms is not None:
+            self.state.batch_tags.append(np.asarray(atoms))
 
     def param(self, qualname: str, dim: int, atoms: np.ndarray) -> None:
         """Record that dim ``dim`` of parameter/buffer ``qualname`` is indexed by these channels."""
@@ -181,10 +195,11 @@ class Ctx:
 
     def _record(self, kind: Kind, name: str, role: Role, atoms: np.ndarray, **extra: str) -> None:
         key = RecordKey(kind, name, role)
+        source = atoms
         atoms = np.asarray(atoms, dtype=np.int64)
         rec = self.state.records.get(key)
         if rec is None:
-            self.state.records[key] = Record(kind, name, role, atoms, **extra)
+            self.state.records[key] = Record(kind, name, role, atoms, source=source, **extra)
         elif len(rec.atoms) != len(atoms):
             self.state.atoms.freeze(np.concatenate([rec.atoms, atoms]), f"{name} {role} used with different widths")
         else:  # a module called at several places: the same weight slice serves every call
@@ -194,13 +209,21 @@ class Ctx:
 class Engine:
     """Runs the rules over a shape-annotated GraphModule."""
 
-    def __init__(self, gm: fx.GraphModule, registry: OpRegistry = RULES, free_outputs: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        gm: fx.GraphModule,
+        registry: OpRegistry = RULES,
+        free_outputs: tuple[str, ...] = (),
+        modules: dict[str, nn.Module] | None = None,
+    ) -> None:
         self.gm = gm
         self.free_outputs = free_outputs
         self.registry = registry
         self.state = EngineState()
         self.env: dict[fx.Node, Any] = {}
-        self.modules = dict(gm.named_modules())
+        # The user's modules by name: a GraphModule holds only the leaves it calls (inside plain containers), and
+        # a torch.export graph none; owners of functional layers and of literals are looked up here.
+        self.modules = {**dict(gm.named_modules()), **(modules or {})}
         lifted = set(gm.meta.get("prunefx", {}).get("lifted_constants", ()))
         self.tensors = {
             n for n, _ in (*gm.named_parameters(remove_duplicate=False), *gm.named_buffers(remove_duplicate=False))
@@ -209,7 +232,17 @@ class Engine:
     def run(self) -> EngineState:
         for node in self.gm.graph.nodes:
             self.env[node] = self._visit(node)
+        self._resolve_products()
         return self.state
+
+    def _resolve_products(self) -> None:
+        records = self.state.records
+        consts = [r.atoms for r in records.values() if r.kind is Kind.CONST]
+        done = resolve(self.state.atoms, self.state.products, self.state.batch_tags, consts)
+        # A literal that sized a factor which did not become the unit never changes: it belongs to no group.
+        dropped = {id(a) for p, k in done for j, (_, a) in enumerate(p.factors) if j != k}
+        for key in [k for k, r in records.items() if r.kind is Kind.CONST and id(r.source) in dropped]:
+            del records[key]
 
     def _visit(self, node: fx.Node) -> Any:
         val = node.meta.get(VALUE_KEY)

@@ -34,6 +34,7 @@ class DependencyGraph:
     atoms: AtomTable = field(repr=False)
     node_labels: dict[str, Any] = field(repr=False)  # fx node name -> Lab / SizeRef / structure of them
     input_shapes: tuple[tuple[int, ...], ...] = ()
+    capture: str = "fx"  # how the graph was captured: "fx" (training-mode trace) or "export" (ATen, eval mode)
 
     def fingerprint(self) -> str:
         """Identifies the group structure, so a plan is never applied to a different model."""

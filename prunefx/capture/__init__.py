@@ -1,6 +1,11 @@
-"""Capture: a model as a torch.fx GraphModule, and a value (meta tensor) for every node."""
+"""Capture: a model as a GraphModule (torch.fx symbolic trace, or torch.export's ATen graph), and a value (meta
+tensor) for every node."""
 
+from prunefx.capture.export import export_graph, prefers_export, register_export
 from prunefx.capture.trace import META_KEY, PrunefxTracer, register_leaf, trace, training_mode
 from prunefx.capture.values import VALUE_KEY, propagate, value
 
-__all__ = ["META_KEY", "PrunefxTracer", "register_leaf", "trace", "training_mode", "VALUE_KEY", "propagate", "value"]
+__all__ = [
+    "META_KEY", "PrunefxTracer", "register_leaf", "trace", "training_mode", "VALUE_KEY", "propagate", "value",
+    "export_graph", "prefers_export", "register_export",
+]

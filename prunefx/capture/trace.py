@@ -220,7 +220,7 @@ def trace(
         n for n, _ in (*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False))
     }
     lifted = sorted(n for n, _ in gm.named_buffers() if n not in own)  # torch.tensor(...) constants in forward
-    gm.meta[META_KEY] = {"auto_leaves": auto, "training": training, "lifted_constants": lifted}
+    gm.meta[META_KEY] = {"auto_leaves": auto, "training": training, "lifted_constants": lifted, "capture": "fx"}
     return gm
 
 

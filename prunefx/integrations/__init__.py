@@ -6,3 +6,5 @@ from prunefx._plugins import register_plugin
 
 register_plugin("torchvision", "prunefx.integrations.torchvision")
 register_plugin("ultralytics", "prunefx.integrations.ultralytics.plugin")
+register_plugin("timm", "prunefx.integrations.timm")
+register_plugin("transformers", "prunefx.integrations.transformers.plugin")

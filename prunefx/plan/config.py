@@ -31,6 +31,7 @@ class PlanConfig:
     ignore: tuple[str, ...] = ()  # fnmatch patterns of module names whose groups are left alone
     overrides: tuple[tuple[str, float], ...] = ()  # (module pattern, ratio) for local per-layer ratios
     graph_rewrite: bool = False  # allow rewriting literal channel counts in the traced graph
+    uniform_layers: bool = False  # groups with the same role in repeated layers keep equal counts (one config value)
 
     def __post_init__(self) -> None:
         targets = [k for k in ("ratio", "flops", "params") if getattr(self, k) is not None]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import torch.fx as fx
 from torch import nn
 
 from prunefx.analysis.graph import DependencyGraph
@@ -15,35 +16,42 @@ from prunefx.metrics import measure
 class CostModel:
     """MACs and parameter counts as a function of each group's kept channels.
 
-    Starts from measured per-module MACs (``prunefx.metrics.measure``) and scales each module by the
-    fraction of its input/output channels that remain; parameters scale by the kept fraction of every
-    sliced dim. Ops outside modules (functional matmuls) are kept constant.
+    Starts from measured per-module MACs (``prunefx.metrics.measure``; for a torch.export analysis, the MACs of
+    the graph's contractions attributed to the module owning each weight, which also works on the meta device)
+    and scales each module by the fraction of its input/output channels that remain; parameters scale by the kept
+    fraction of every sliced dim. Ops outside modules (functional matmuls) are kept constant.
     """
 
     def __init__(self, model, dg: DependencyGraph, example_inputs) -> None:
         self.dg = dg
-        m = measure(model, example_inputs, by="leaf")
-        self.macs_total = float(m.macs)
-        self.params_total = float(m.params)
-        gindex = {g.id: g for g in dg.groups}
-        root_to = {}
-        for g in gindex.values():
-            for k, r in enumerate(g.roots.tolist()):
-                root_to[r] = (g.id, k)
+        if dg.capture == "export":
+            self.macs_total, per_module = graph_macs(dg)
+            self.params_total = float(sum(p.numel() for p in model.parameters()))
+        else:
+            m = measure(model, example_inputs, by="leaf")
+            self.macs_total, per_module = float(m.macs), m.per_module
+            self.params_total = float(m.params)
+        # every group channel's class id, sorted, with its (group id, channel index)
+        roots = np.concatenate([g.roots for g in dg.groups]) if dg.groups else np.empty(0, np.int64)
+        gids = np.concatenate([np.full(g.channels, g.id) for g in dg.groups]) if dg.groups else np.empty(0, np.int64)
+        chans = np.concatenate([np.arange(g.channels) for g in dg.groups]) if dg.groups else np.empty(0, np.int64)
+        order = np.argsort(roots, kind="stable")
+        roots, gids, chans = roots[order], gids[order], chans[order]
         # per record: arrays (group id, channel index) per position, -1 when never pruned
         self._pos: dict[RecordKey, tuple[np.ndarray, np.ndarray]] = {}
         by_module: dict[str, list[RecordKey]] = {}
-        for key, roots in dg.record_roots.items():
-            gid = np.array([root_to.get(r, (-1, -1))[0] for r in roots.tolist()], dtype=np.int64)
-            ch = np.array([root_to.get(r, (-1, -1))[1] for r in roots.tolist()], dtype=np.int64)
-            self._pos[key] = (gid, ch)
+        for key, rec_roots in dg.record_roots.items():
+            idx = np.clip(np.searchsorted(roots, rec_roots), 0, max(len(roots) - 1, 0))
+            hit = (roots[idx] == rec_roots) & (rec_roots >= 0) if len(roots) else np.zeros(len(rec_roots), bool)
+            self._pos[key] = (np.where(hit, gids[idx], -1) if len(roots) else np.full(len(rec_roots), -1),
+                              np.where(hit, chans[idx], -1) if len(roots) else np.full(len(rec_roots), -1))
             if key.kind is Kind.MODULE:
                 by_module.setdefault(key.name, []).append(key)
         # a module's MACs scale with the kept fraction of every channel dim it has (out, in, channel, each
         # normalized dim of a LayerNorm); a depthwise conv's in and out are the same channels: counted once
         self._modules: list[tuple[float, list[RecordKey]]] = []
         named = dict(model.named_modules())
-        for name, macs in m.per_module.items():
+        for name, macs in per_module.items():
             mod = named.get(name)
             roles = by_module.get(name, [])
             if isinstance(mod, nn.modules.conv._ConvNd) and mod.groups > 1 and mod.groups == mod.in_channels:
@@ -80,3 +88,43 @@ class CostModel:
         return self.params_total - self._params_scaled + scaled
 
 
+
+
+_CONTRACTIONS = {"linear", "addmm", "mm", "bmm", "matmul", "conv1d", "conv2d", "conv3d", "scaled_dot_product_attention"}
+
+
+def graph_macs(dg: DependencyGraph) -> tuple[float, dict[str, float]]:
+    """MACs of a torch.export graph's contractions (read from export's fake values, so nothing runs) and their
+    split per module: a layer's MACs go to the module owning its weight, the rest (attention products) to the
+    innermost module in ``nn_module_stack``."""
+    per_module: dict[str, float] = {}
+    total = 0.0
+    for node in dg.gm.graph.nodes:
+        name = getattr(getattr(node.target, "overloadpacket", None), "__name__", None)
+        if node.op != "call_function" or name not in _CONTRACTIONS:
+            continue
+        shapes = [tuple(a.meta["val"].shape) if isinstance(a, fx.Node) and hasattr(a.meta.get("val"), "shape")
+                  else None for a in node.args[:3]]
+        out = node.meta.get("val")
+        out = out[0] if isinstance(out, (tuple, list)) else out
+        if out is None or None in shapes[:2]:
+            continue
+        n_out = math.prod(out.shape)
+        if name == "linear":
+            macs, weight = n_out * shapes[1][-1], node.args[1]
+        elif name == "addmm":
+            macs, weight = n_out * shapes[1][-1], node.args[2]
+        elif name.startswith("conv"):
+            macs, weight = n_out * math.prod(shapes[1][1:]), node.args[1]
+        elif name == "scaled_dot_product_attention":  # q.k^T and attn.v
+            q, k = shapes[0], shapes[1]
+            macs, weight = 2 * math.prod(q[:-1]) * k[-2] * q[-1], None
+        else:
+            macs, weight = n_out * shapes[0][-1], None
+        owner = str(weight.target).rpartition(".")[0] if getattr(weight, "op", None) == "get_attr" else None
+        if owner is None:
+            stack = node.meta.get("nn_module_stack") or {}
+            owner = next(reversed(stack.values()))[0] if stack else ""
+        per_module[owner] = per_module.get(owner, 0.0) + macs
+        total += macs
+    return total, per_module

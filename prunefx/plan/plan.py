@@ -94,8 +94,11 @@ class PruningPlan:
         return t
 
 
-def validate_plan(dg: DependencyGraph, plan: PruningPlan, *, graph_rewrite: bool = False) -> None:
-    """Raise PlanError unless ``plan`` fits ``dg`` exactly; nothing is modified."""
+def validate_plan(
+    dg: DependencyGraph, plan: PruningPlan, *, graph_rewrite: bool = False, owned: frozenset[str] = frozenset()
+) -> None:
+    """Raise PlanError unless ``plan`` fits ``dg`` exactly; nothing is modified. ``owned``: modules whose fixers
+    rewrite the literals in their forward (``prunefx.transform.owned_modules``), which need no graph rewrite."""
     if plan.fingerprint != dg.fingerprint():
         raise PlanError(
             f"this plan was made for a different model or input shape (plan {plan.model} {plan.fingerprint}, "
@@ -112,7 +115,8 @@ def validate_plan(dg: DependencyGraph, plan: PruningPlan, *, graph_rewrite: bool
             raise PlanError(f"group {g.id}: kept indices must be distinct and in [0, {g.channels})")
         if not gp.keep:
             raise PlanError(f"group {g.id}: a group cannot be pruned to zero channels")
-        if any(m.kind is Kind.CONST for m in g.members) and not graph_rewrite and len(gp.keep) < g.channels:
+        hard = any(m.kind is Kind.CONST and m.module_type not in owned for m in g.members)
+        if hard and not graph_rewrite and len(gp.keep) < g.channels:
             raise PlanError(f"group {g.id}: forward hard-codes its channel count; it needs graph_rewrite")
         counts[g.id] = len(gp.keep)
     for gids, why in dg.ties:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
+import re
 import warnings
 
 import numpy as np
@@ -59,7 +60,24 @@ def _override(dg: DependencyGraph, gid: int, cfg: PlanConfig) -> float | None:
     return None
 
 
-def _counts(dg, scores, eligible, cfg, knob: float) -> dict[int, int]:
+def layer_ties(dg: DependencyGraph) -> list[tuple[tuple[int, ...], str]]:
+    """Prunable groups that play the same role in repeated layers, as equal-count ties: their module members have
+    the same names once layer indices are masked (``model.layers.3.mlp.up_proj`` -> ``model.layers.#.mlp.up_proj``)
+    and they have as many channels. ``PlanConfig(uniform_layers=True)`` keeps them equally wide."""
+    by_key: dict[tuple, list[int]] = {}
+    for g in dg.groups:
+        if not g.prunable:
+            continue
+        names = {(_LAYER_INDEX.sub("#", m.name), str(m.role)) for m in g.members if m.kind is Kind.MODULE}
+        if any("#" in n for n, _ in names):
+            by_key.setdefault((tuple(sorted(names)), g.channels), []).append(g.id)
+    return [(tuple(ids), "uniform_layers: the same role in every layer") for ids in by_key.values() if len(ids) > 1]
+
+
+_LAYER_INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)")
+
+
+def _counts(dg, scores, eligible, cfg, knob: float, ties) -> dict[int, int]:
     """Kept channel count per eligible group for a global threshold / local ratio ``knob``."""
     counts = {}
     for gid in eligible:
@@ -74,7 +92,7 @@ def _counts(dg, scores, eligible, cfg, knob: float) -> dict[int, int]:
         if cfg.round_to > 1:
             n = min(c, int(math.ceil(n / cfg.round_to)) * cfg.round_to)
         counts[gid] = n
-    for gids, _ in dg.ties:  # equal-count ties (chunk halves): the larger count wins
+    for gids, _ in ties:  # equal-count ties (chunk halves, uniform layers): the larger count wins
         tied = [g for g in gids if g in counts]
         if len(tied) != len(gids):
             for g in tied:  # a tied partner that cannot be pruned pins the others
@@ -123,9 +141,11 @@ def make_plan(
 
     ``scores``: group id -> one score per channel (higher = keep). ``cost`` is required for flops /
     params targets, which are solved by bisection on the global threshold (or the local ratio).
-    ``owned_constants``: module types whose attribute fixers rewrite their hard-coded channel counts.
+    ``owned_constants``: names of modules whose fixers rewrite the literal channel counts in their forward
+    (``prunefx.transform.owned_modules(model)``); their groups need no ``graph_rewrite``.
     """
     eligible, skipped = _eligible(dg, cfg, owned_constants)
+    ties = [*dg.ties, *(layer_ties(dg) if cfg.uniform_layers else ())]
     missing = [g for g in eligible if g not in scores or len(scores[g]) != dg.groups[g].channels]
     if missing:
         raise PlanError(f"scores missing or of wrong length for groups {missing[:5]}")
@@ -138,7 +158,7 @@ def make_plan(
         scores = _global_ranks(dg, scores, eligible)
 
     def masks_for(knob: float) -> dict[int, np.ndarray]:
-        return {g: _keep(scores[g], n) for g, n in _counts(dg, scores, eligible, cfg, knob).items()}
+        return {g: _keep(scores[g], n) for g, n in _counts(dg, scores, eligible, cfg, knob, ties).items()}
 
     all_scores = np.sort(np.concatenate([scores[g] for g in eligible])) if eligible else np.zeros(1)
     total = sum(dg.groups[g].channels for g in eligible)
@@ -174,6 +194,8 @@ def make_plan(
         groups.append(GroupPlan(gid, c, int(m.sum()), tuple(np.flatnonzero(m).tolist()), why))
     target = {k: getattr(cfg, k) for k in ("ratio", "flops", "params") if getattr(cfg, k) is not None}
     target.update(scope=cfg.scope, round_to=cfg.round_to, min_channels=cfg.min_channels, max_ratio=cfg.max_ratio)
+    if cfg.uniform_layers:
+        target.update(uniform_layers=True)
     if cfg.graph_rewrite:
         target["graph_rewrite"] = True  # prunefx.load re-applies the plan with the graph rewritten again
     estimate = {}

@@ -1,7 +1,7 @@
 """Transform: the only code that mutates a model (bias compensation, slicing, attribute fixers)."""
 
 from prunefx.transform.compensate import Compensation, compensate
-from prunefx.transform.fixers import register_fixer
+from prunefx.transform.fixers import owned_modules, register_fixer
 from prunefx.transform.rewrite import apply_plan
 
-__all__ = ["Compensation", "compensate", "register_fixer", "apply_plan"]
+__all__ = ["Compensation", "compensate", "register_fixer", "owned_modules", "apply_plan"]

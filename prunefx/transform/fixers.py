@@ -18,21 +18,34 @@ from prunefx.analysis.roles import CHANNEL, IN, OUT, ModuleRole, Normalized
 
 Fixer = Callable[[nn.Module, dict[ModuleRole, int]], None]
 _FIXERS: dict[type, Fixer] = {}
+_OWNS_LITERALS: set[type] = set()
 
 
-def register_fixer(*types: type) -> Callable[[Fixer], Fixer]:
+def register_fixer(*types: type, literals: bool = False) -> Callable[[Fixer], Fixer]:
     """Register how a module type's attributes follow its new widths: ``fix(module, widths)``.
 
     ``widths`` maps the module's analysed roles (OUT, IN, CHANNEL, Normalized(j) from ``prunefx.analysis.roles``) to
     new sizes; it is empty for a container, which re-derives its attributes from its children's tensors. The fixer
-    runs for every module of the type after slicing."""
+    runs for every module of the type after slicing.
+
+    ``literals=True`` declares that the fixer rewrites every attribute the module's own forward turns into a channel
+    count (``view(b, self.num_heads, ...)``): the literals the analysis recorded in that forward then follow the new
+    widths without rewriting the traced graph (:func:`owned_modules`), and the oracle checks the claim."""
 
     def deco(fn: Fixer) -> Fixer:
         for t in types:
             _FIXERS[t] = fn
+            if literals:
+                _OWNS_LITERALS.add(t)
         return fn
 
     return deco
+
+
+def owned_modules(model: nn.Module) -> frozenset[str]:
+    """Names of the modules whose fixer was registered with ``literals=True``: a literal channel count recorded in
+    one of their forwards follows the pruned widths once the fixers have run."""
+    return frozenset(n for n, m in model.named_modules() if any(c in _OWNS_LITERALS for c in type(m).__mro__))
 
 
 def fixer_for(module: nn.Module) -> Fixer | None:
@@ -81,7 +94,7 @@ def _fix_gn(m: nn.GroupNorm, w: dict[ModuleRole, int]) -> None:
     m.num_channels = w.get(CHANNEL, m.num_channels)
 
 
-@register_fixer(nn.LayerNorm, nn.RMSNorm)
+@register_fixer(nn.LayerNorm, nn.RMSNorm, literals=True)  # its forward passes self.normalized_shape
 def _fix_ln(m: nn.Module, w: dict[ModuleRole, int]) -> None:
     shape = list(m.normalized_shape)
     for j in range(len(shape)):

@@ -15,7 +15,7 @@ from prunefx import _plugins
 from prunefx.analysis.graph import DependencyGraph
 from prunefx.analysis.roles import Kind, Literal, ModuleRole
 from prunefx.plan import PlanError, PruningPlan, validate_plan
-from prunefx.transform.fixers import fix_attributes
+from prunefx.transform.fixers import fix_attributes, owned_modules
 from prunefx.transform.keep import keep_by_root, kept_positions
 
 
@@ -27,9 +27,14 @@ def apply_plan(model: nn.Module, dg: DependencyGraph, plan: PruningPlan, *, grap
     (its graph is the training-mode trace: module calls follow ``.eval()``, Python branches on ``self.training`` were
     fixed when it was traced).
     """
-    validate_plan(dg, plan, graph_rewrite=graph_rewrite)
     _plugins.activate()  # fixers of the model's library
+    owned = owned_modules(model)
+    validate_plan(dg, plan, graph_rewrite=graph_rewrite, owned=owned)
+    if dg.capture == "export" and graph_rewrite:
+        raise PlanError("graph_rewrite needs an fx capture: a torch.export graph is not the module that is returned")
     sorted_roots, keep = keep_by_root(dg, plan)
+    # A literal inside a module whose fixer rewrites its attributes follows by itself; only the others are rewritten.
+    owner_of = {(m.name, m.role): m.module_type for g in dg.groups for m in g.members if m.kind is Kind.CONST}
     slices: dict[str, list[tuple[int, torch.Tensor]]] = {}
     widths: dict[str, dict[ModuleRole, int]] = {}
     consts: list[tuple[str, Literal, int]] = []
@@ -39,7 +44,7 @@ def apply_plan(model: nn.Module, dg: DependencyGraph, plan: PruningPlan, *, grap
             slices.setdefault(name, []).append((role.dim, torch.as_tensor(pos)))
         elif kind is Kind.MODULE:
             widths.setdefault(name, {})[role] = len(pos)
-        elif kind is Kind.CONST and len(pos) < len(roots):
+        elif kind is Kind.CONST and len(pos) < len(roots) and owner_of.get((name, role)) not in owned:
             consts.append((name, role, len(pos)))
     tensors = dict(model.named_parameters(remove_duplicate=False))
     tensors.update(model.named_buffers(remove_duplicate=False))

@@ -234,29 +234,28 @@ def _attention_where(a: Attention):
     return where
 
 
-def test_attention_qkv_is_pruned_only_head_consistently(yolo11n):
-    """What the analysis decides for YOLO11's Attention (reported, then checked for safety): every prunable
-    group in the fused qkv output removes the same offsets from every head (q and k together) and carries the
-    view's literal (2 * key_dim + head_dim) as a graph-constant member so a rewrite can update it."""
+def test_attention_qkv_is_pruned_in_whole_heads(yolo11n):
+    """YOLO11's Attention (qkv.view(B, num_heads, 2 * key_dim + head_dim, N)): every prunable group in the fused qkv
+    output removes whole heads -- each channel is one head's q, k and v rows together -- and carries the view's
+    literal head count as a graph-constant member (the ultralytics plugin's fixer rewrites ``num_heads``)."""
     model, dg = yolo11n
     attns = blocks(model, Attention)
     assert attns
     view_nodes = {n.name for n in dg.gm.graph.nodes if n.op == "call_method" and n.target == "view"}
     for p, a in attns:
         where = _attention_where(a)
+        per_head = 2 * a.key_dim + a.head_dim
         qkv = f"{p}.qkv.conv"
         groups = dg.groups_of(qkv, "out")
         covered = sorted(x for g in groups for pos in positions(g, qkv, "out") for x in pos)
         assert covered == list(range(a.qkv.conv.out_channels))
         prunable = [g for g in groups if g.prunable]
+        assert prunable, "no head of the attention is prunable"
         for g in prunable:
             for pos in positions(g, qkv, "out"):
                 assert head_consistent(pos, where), (g.id, pos)
+                assert sorted(pos) == list(range(pos[0], pos[0] + per_head)) and pos[0] % per_head == 0, pos
             assert any(m.kind is Kind.CONST and m.name in view_nodes for m in g.members), g.id
-        # Decision as of this writing: key-dim offsets (q+k of both heads) and head-dim offsets (v of both heads,
-        # tied to the residual stream through view(B, C, H, W)) are both prunable.
-        parts = {frozenset(where(x)[0] for pos in positions(g, qkv, "out") for x in pos) for g in prunable}
-        assert parts <= {frozenset("qk"), frozenset("v")}
 
 
 def test_psa_block_residuals_merge_attention_and_ffn_outputs(yolo11n):

@@ -117,9 +117,11 @@ def reshape(ctx: Any, x: Any, out_shape: tuple[int, ...], sizes: list[tuple[Any,
     """Labels after view/reshape/flatten/unflatten.
 
     ``sizes``: per output dim, (size argument as traced, path of a literal in the node's args) or None when
-    the op derives its sizes itself (flatten). A labeled dim split into several (``view(b, g, c/g, h, w)``)
-    keeps its labels on the largest piece and couples positions across the others, so every piece stays
-    a valid reshape after pruning (channel shuffle, attention heads).
+    the op derives its sizes itself (flatten). A labeled dim split into several pieces that vary
+    (``view(b, n, heads, head_dim)``, ``view(b, g, c/g, h, w)``) gives each piece fresh labels and records a
+    product; several labeled dims merged into one (``reshape(b, n, heads * head_dim)``) are the same product seen
+    from the other side. After the walk one piece of each product becomes the unit (whole heads, or the same
+    offsets in every group) and the others are frozen (:mod:`prunefx.analysis.products`).
     """
     lab = ctx.lab(x)
     in_shape = ctx.shape(x)
@@ -128,38 +130,72 @@ def reshape(ctx: Any, x: Any, out_shape: tuple[int, ...], sizes: list[tuple[Any,
         labeled = [i for i in ii if lab.dims[i] is not None]
         if not labeled:
             continue
+        if not jj:
+            ctx.freeze(np.concatenate([lab.dims[i] for i in labeled]), "a reshape drops a channel dim")
+            continue
         if len(labeled) > 1:
-            ctx.freeze(np.concatenate([lab.dims[i] for i in labeled]), "a reshape merges two channel dims")
+            if len(jj) != 1:
+                ctx.freeze(np.concatenate([lab.dims[i] for i in labeled]), "a reshape merges two channel dims")
+                continue
+            (j,) = jj
+            merged = ctx.fresh(out_shape[j])
+            grid = merged.reshape([in_shape[i] for i in ii])
+            ctx.product(grid, [(ii.index(i), lab.dims[i]) for i in labeled], [False] * len(labeled))
+            dims[j] = merged
+            if sizes is not None:
+                check_size(ctx, sizes[j][0], merged, None, sizes[j][1])
             continue
         (i0,) = labeled
         own = lab.dims[i0]
-        if not jj:
-            ctx.freeze(own, "a reshape drops a channel dim")
-            continue
         view = [1] * len(ii)
         view[ii.index(i0)] = len(own)
         full = np.broadcast_to(own.reshape(view), [in_shape[i] for i in ii]).reshape([out_shape[j] for j in jj])
         varying = [p for p in range(len(jj)) if full.shape[p] > 1 and not (full == full.take([0], axis=p)).all()]
         if not varying:  # one class spans the whole chunk: any piece can carry it
             varying = [max(range(len(jj)), key=lambda p: (full.shape[p], p))]
-        keep = max(varying, key=lambda p: (full.shape[p], p))
-        others = [p for p in varying if p != keep]
-        if others:
-            idx = tuple(slice(None) if p == keep else slice(0, 1) for p in range(full.ndim))
-            ctx.union(full, np.broadcast_to(full[idx], full.shape))
-            ctx.note(own, f"positions coupled across a reshape into {tuple(full.shape)} at {ctx.where()}")
-        line = full[tuple(slice(None) if p == keep else 0 for p in range(full.ndim))]
-        line = np.ascontiguousarray(line)
-        j = jj[keep]
-        dims[j] = own if (len(ii) == 1 and len(jj) == 1) else line
-        if sizes is not None:
-            ref, path = sizes[j]
-            check_size(ctx, ref, dims[j], own, path)
+        if len(varying) == 1:
+            (p,) = varying
+            line = np.ascontiguousarray(full[tuple(slice(None) if q == p else 0 for q in range(full.ndim))])
+            picked = {p: own if (len(ii) == 1 and len(jj) == 1) else line}
+        else:
+            picked = {p: ctx.fresh(full.shape[p]) for p in varying}
+            literal = [_is_literal(sizes[jj[p]][0]) if sizes is not None else True for p in varying]
+            ctx.product(np.ascontiguousarray(full), [(p, picked[p]) for p in varying], literal)
+            ctx.note(own, f"whole units of one dim of the reshape into {tuple(full.shape)} at {ctx.where()}")
+        for p, arr in picked.items():
+            dims[jj[p]] = arr
+            if sizes is not None:
+                check_size(ctx, sizes[jj[p]][0], arr, own, sizes[jj[p]][1])
     if sizes is not None:
         for j, (ref, _) in enumerate(sizes):
             if dims[j] is None:
                 fixed_size(ctx, ref)
     return Lab(tuple(dims))
+
+
+def _is_literal(ref: Any) -> bool:
+    """A size written as a number (changing it needs a rewrite); -1 and sizes read from tensors follow pruning."""
+    return isinstance(ref, int) and not isinstance(ref, bool) and ref != -1
+
+
+def op_name(target: Any) -> str:
+    """``"split"`` for the method name, ``torch.split`` and ``aten.split.Tensor`` alike."""
+    if isinstance(target, str):
+        return target
+    packet = getattr(target, "overloadpacket", None)
+    return packet.__name__ if packet is not None else target.__name__
+
+
+def weight_owner(ctx: Any, w: Any) -> str | None:
+    """The module whose parameter the ``get_attr`` node ``w`` reads: ``a.b.weight`` -> ``a.b``, or None.
+
+    Functional layers (``F.linear`` in a custom forward, every layer of a torch.export graph) record their members
+    under that module, so its fixer re-derives its attributes and plans and scores name it.
+    """
+    if getattr(w, "op", None) == "get_attr" and str(w.target) in ctx.engine.tensors:
+        owner = str(w.target).rpartition(".")[0]
+        return owner if owner in ctx.engine.modules else None
+    return None
 
 
 def fixed_size(ctx: Any, ref: Any) -> None:

@@ -10,7 +10,8 @@ import torch.fx as fx
 import torch.nn.functional as F
 
 from prunefx.analysis.labels import Lab
-from prunefx.analysis.rules._algebra import broadcast_merge
+from prunefx.analysis.roles import CHANNEL, IN, OUT, Normalized
+from prunefx.analysis.rules._algebra import broadcast_merge, weight_owner
 from prunefx.analysis.rules._registry import register_rule
 
 
@@ -37,6 +38,8 @@ def matmul(ctx) -> Lab:
     # Batch dims broadcast like an element-wise op; reuse it on the batch part of each operand.
     parts = [(batch_x, ctx.shape(x)[:-2]), (batch_y, ctx.shape(y)[:-2])]
     batch = broadcast_merge(ctx, parts, batch_shape, "batched matmul against unsliceable batch dims")
+    for b in batch:  # per-slice products (attention heads): a reshape that made these dims prefers them as units
+        ctx.tag_batch(b)
     dims = (*batch, lx.dims[-2], ly.dims[-1])
     assert len(dims) == out_nd
     return Lab(dims)
@@ -55,7 +58,18 @@ def linear_fn(ctx) -> Lab:
         elif (out is None) != (lb.dims[0] is None):
             ctx.freeze([lw, lb], "F.linear weight and bias sliced differently")
             out = None
+    if lw.ndim == 2:
+        _members(ctx, w, (IN, lw.dims[1]), (OUT, lw.dims[0]))
     return lx.replace(lx.ndim - 1, out)
+
+
+def _members(ctx, param, *roles: tuple) -> None:
+    """Record the members of the module that owns ``param`` (a functional layer's module, see weight_owner)."""
+    owner = weight_owner(ctx, param)
+    if owner is not None:
+        for role, atoms in roles:
+            if atoms is not None:
+                ctx.member(role, atoms, name=owner)
 
 
 @register_rule(F.conv1d, F.conv2d, F.conv3d)
@@ -73,6 +87,7 @@ def conv_fn(ctx) -> Lab:
     out = lw.dims[0]
     if b is not None and ctx.is_tensor(b):
         _contract(ctx, out, ctx.lab(b).dims[0])
+    _members(ctx, w, (IN, lw.dims[1]), (OUT, out))
     for d in range(2, lx.ndim):
         if lx.dims[d] is not None:
             ctx.freeze(lx.dims[d], "a convolution slides over this channel dim")
@@ -85,6 +100,8 @@ def batch_norm_fn(ctx) -> Lab:
     stats = [a for a in (*ctx.args[1:], *ctx.kwargs.values()) if ctx.is_tensor(a)]
     for s in stats:
         _contract(ctx, lx.dims[1], ctx.lab(s).dims[0])
+    if stats and lx.ndim > 1:
+        _members(ctx, stats[0], (CHANNEL, lx.dims[1]))
     return lx
 
 
@@ -109,6 +126,8 @@ def norm_fn(ctx) -> Lab:
         lt = ctx.lab(t)
         for j in range(lt.ndim):
             _contract(ctx, lx.dims[lx.ndim - lt.ndim + j], lt.dims[j])
+    if tensors:
+        _members(ctx, tensors[0], *((Normalized(j), lx.dims[d]) for j, d in enumerate(range(lx.ndim - k, lx.ndim))))
     return lx
 
 
@@ -122,6 +141,20 @@ def sdpa(ctx) -> Lab:
     else:
         _contract(ctx, lq.dims[-1], lk.dims[-1])
     _contract(ctx, lk.dims[-2], lv.dims[-2])
-    parts = [(Lab(ctx.lab(t).dims[:-2]), ctx.shape(t)[:-2]) for t in (q, k, v)]
+    sq, sk, sv = ctx.shape(q), ctx.shape(k), ctx.shape(v)
+    if ctx.kwargs.get("enable_gqa") and len(sq) >= 3 and len(sk) >= 3 and sq[-3] != sk[-3]:
+        # Query head h reads key/value head h // (Hq / Hkv): a KV head goes with its group of query heads.
+        rep = sq[-3] // sk[-3]
+        lk, lv = (lab.replace(lab.ndim - 3, None if lab.dims[-3] is None else np.repeat(lab.dims[-3], rep))
+                  for lab in (lk, lv))
+        sk, sv = (*sk[:-3], sq[-3], *sk[-2:]), (*sv[:-3], sq[-3], *sv[-2:])
+    parts = [(Lab(lq.dims[:-2]), sq[:-2]), (Lab(lk.dims[:-2]), sk[:-2]), (Lab(lv.dims[:-2]), sv[:-2])]
+    mask = ctx.arg(3, "attn_mask")
+    if mask is not None and ctx.is_tensor(mask):  # added to the (..., heads, Lq, Lk) scores: a per-head bias
+        lm = ctx.lab(mask)
+        parts.append((Lab(lm.dims[:-2]), ctx.shape(mask)[:-2]))
+        ctx.freeze([d for d in lm.dims[-2:] if d is not None], "attention mask over query/key positions")
     batch = broadcast_merge(ctx, parts, tuple(ctx.out.shape[:-2]), "attention over unsliceable batch dims")
+    for b in batch:
+        ctx.tag_batch(b)
     return Lab((*batch, lq.dims[-2], lv.dims[-1]))

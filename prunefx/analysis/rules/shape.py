@@ -11,7 +11,7 @@ import torch.fx as fx
 from torch import nn
 
 from prunefx.analysis.labels import Lab, SizeRef
-from prunefx.analysis.rules._algebra import check_size, norm_dim, reshape, size_args
+from prunefx.analysis.rules._algebra import check_size, norm_dim, op_name, reshape, size_args
 from prunefx.analysis.rules._registry import register_rule
 
 
@@ -263,7 +263,7 @@ def stack(ctx) -> Lab:
 def split(ctx) -> tuple:
     x = ctx.args[0]
     lab, nd = ctx.lab(x), len(ctx.shape(x))
-    method = ctx.node.target if isinstance(ctx.node.target, str) else ctx.node.target.__name__
+    method = op_name(ctx.node.target)
     dim = norm_dim(ctx.arg(2, "dim", 0), nd)
     outs = ctx.out
     arr = lab.dims[dim]
@@ -308,7 +308,7 @@ def unbind(ctx) -> tuple:
 def positional(ctx) -> Lab:
     """Ops that move or pick positions along a dim: fine off the channel dims, frozen on them."""
     lab = ctx.lab(ctx.args[0])
-    target = ctx.node.target if isinstance(ctx.node.target, str) else ctx.node.target.__name__
+    target = op_name(ctx.node.target)
     pos, key = {"roll": (2, "dims"), "flip": (1, "dims"), "narrow": (1, "dim"), "select": (1, "dim")}[target]
     d = ctx.arg(pos, key)
     touched = d if isinstance(d, (list, tuple)) else ([d] if d is not None else range(lab.ndim))

@@ -1,0 +1,202 @@
+"""Rules for the ATen ops of a ``torch.export`` capture: mostly the torch-level rules, registered again.
+
+ATen ops take their arguments positionally in schema order, which for the ops below is the order of the torch
+function the shared rule reads. What differs: layers are functional (``aten.linear(x, weight, bias)``; the rules
+record members under the module owning the weight), sizes are literals (export specialises every shape; ``-1``
+survives), indexing is spelled ``slice`` / ``select`` / ``index``, and masks and positions are built from
+``arange`` / ``new_ones`` / ``cumsum``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from prunefx.analysis.labels import Lab
+from prunefx.analysis.roles import IN, OUT
+from prunefx.analysis.rules._algebra import norm_dim, op_name, pointwise, reshape, size_args, weight_owner
+from prunefx.analysis.rules._registry import register_rule
+from prunefx.analysis.rules.linalg import _contract, batch_norm_fn, conv_fn, linear_fn, matmul, norm_fn, sdpa
+from prunefx.analysis.rules.reduce import REDUCTIONS, pad, reduction, softmax, spatial
+from prunefx.analysis.rules.shape import (
+    cat,
+    expand,
+    flatten,
+    permute,
+    positional,
+    split,
+    squeeze,
+    stack,
+    transpose,
+    unbind,
+    unflatten,
+    unsqueeze,
+)  # fmt: skip
+
+aten = torch.ops.aten
+
+# ---- element-wise: operands spanning a dim with the output are sliced together along it -------------------------
+register_rule(
+    aten.add.Tensor, aten.add.Scalar, aten.add_.Tensor, aten.sub.Tensor, aten.sub.Scalar, aten.rsub.Scalar,
+    aten.mul.Tensor, aten.mul.Scalar, aten.mul_.Tensor, aten.div.Tensor, aten.div.Scalar, aten.div.Tensor_mode,
+    aten.pow.Tensor_Scalar, aten.pow.Tensor_Tensor, aten.maximum.default, aten.minimum.default, aten.min.other,
+    aten.max.other, aten.where.self, aten.where.ScalarOther, aten.where.ScalarSelf, aten.masked_fill.Scalar,
+    aten.masked_fill.Tensor, aten.masked_fill_.Scalar, aten.eq.Tensor, aten.eq.Scalar, aten.ne.Tensor,
+    aten.ne.Scalar, aten.lt.Tensor, aten.lt.Scalar, aten.le.Tensor, aten.le.Scalar, aten.gt.Tensor, aten.gt.Scalar,
+    aten.ge.Tensor, aten.ge.Scalar, aten.__and__.Tensor, aten.__or__.Tensor, aten.logical_and.default,
+    aten.logical_or.default, aten.logical_not.default, aten.bitwise_not.default, aten.fill_.Tensor,
+    aten.fill_.Scalar, aten.lerp.Scalar, aten.addcmul.default, aten.clamp.default, aten.clamp_min.default,
+    aten.clamp_max.default, aten.floor_divide.default, aten.remainder.Scalar,
+    aten.neg.default, aten.rsqrt.default, aten.sqrt.default, aten.exp.default, aten.log.default, aten.abs.default,
+    aten.sin.default, aten.cos.default, aten.tanh.default, aten.sigmoid.default, aten.relu.default,
+    aten.relu_.default, aten.silu.default, aten.silu_.default, aten.gelu.default, aten.hardswish.default,
+    aten.hardsigmoid.default, aten.leaky_relu.default, aten.elu.default, aten.softplus.default, aten.mish.default,
+    aten.erf.default, aten.reciprocal.default, aten.sign.default, aten.square.default, aten.floor.default,
+    aten.ceil.default, aten.round.default, aten.hardtanh.default, aten.nan_to_num.default,
+    aten.dropout.default, aten.feature_dropout.default, aten.alpha_dropout.default,
+    aten.to.dtype, aten.to.dtype_layout, aten.to.device, aten._to_copy.default, aten.alias.default,
+    aten.contiguous.default, aten.clone.default, aten.detach.default, aten.zeros_like.default,
+    aten.ones_like.default, aten.full_like.default, aten.empty_like.default, aten.lift_fresh_copy.default,
+)(pointwise)  # fmt: skip
+
+
+@register_rule(aten.type_as.default)
+def type_as(ctx) -> Lab:
+    return ctx.lab(ctx.args[0])
+
+
+@register_rule(
+    aten.arange.default, aten.arange.start, aten.arange.start_step, aten.new_ones.default, aten.new_zeros.default,
+    aten.new_full.default, aten.new_empty.default, aten.zeros.default, aten.ones.default, aten.full.default,
+    aten.empty.memory_format, aten.scalar_tensor.default,
+)  # fmt: skip
+def creation(ctx) -> Lab:
+    """A tensor made from sizes alone (a mask, positions): no input's channels flow into it."""
+    return Lab.none(ctx.out.dim())
+
+
+@register_rule(aten._assert_tensor_metadata.default, aten._assert_scalar.default)
+def assertion(ctx) -> None:
+    """Export's runtime checks: no output."""
+    return None
+
+
+# ---- layers (the shared rules record members under the module owning the weight) ---------------------------------
+register_rule(aten.linear.default)(linear_fn)
+register_rule(aten.layer_norm.default)(norm_fn)
+register_rule(aten.batch_norm.default)(batch_norm_fn)
+register_rule(aten.conv1d.default, aten.conv2d.default, aten.conv3d.default)(conv_fn)
+register_rule(aten.matmul.default, aten.mm.default, aten.bmm.default)(matmul)
+register_rule(aten.scaled_dot_product_attention.default)(sdpa)
+
+
+@register_rule(aten.addmm.default)
+def addmm(ctx) -> Lab:
+    """``bias + x @ w`` with ``w`` stored (in, out): Hugging Face's ``Conv1D`` (GPT-2)."""
+    b, x, w = ctx.args[0], ctx.args[1], ctx.args[2]
+    lb, lx, lw = ctx.lab(b), ctx.lab(x), ctx.lab(w)
+    _contract(ctx, lx.dims[-1], lw.dims[0])
+    out = lw.dims[1]
+    bias = lb.dims[-1] if lb.ndim else None
+    if out is not None and bias is not None:
+        ctx.union(out, bias)
+    elif (out is None) != (bias is None) and ctx.shape(b)[-1:] == ctx.out.shape[-1:]:
+        ctx.freeze([lw, lb], "addmm weight and bias sliced differently")
+        out = None
+    if lx.dims[0] is not None:
+        ctx.freeze(lx.dims[0], "rows of an addmm")
+    owner = weight_owner(ctx, w)
+    if owner is not None:
+        for role, atoms in ((IN, lw.dims[0]), (OUT, out)):
+            if atoms is not None:
+                ctx.member(role, atoms, name=owner)
+    return Lab((None, out))
+
+
+@register_rule(aten.embedding.default)
+def embedding(ctx) -> Lab:
+    """``embedding(weight, ids)``: rows are looked up by id (frozen), columns are the channels produced."""
+    w, ids = ctx.args[0], ctx.args[1]
+    lw = ctx.lab(w)
+    if lw.dims[0] is not None:
+        ctx.freeze(lw.dims[0], "embedding rows are looked up by token id")
+    ctx.freeze(ctx.lab(ids), "used as indices into an embedding")
+    owner = weight_owner(ctx, w)
+    if owner is not None and lw.dims[1] is not None:
+        ctx.member(OUT, lw.dims[1], name=owner)
+    return Lab((*([None] * ctx.value(ids).dim()), lw.dims[1]))
+
+
+# ---- shapes -----------------------------------------------------------------------------------------------------
+@register_rule(aten.view.default, aten.reshape.default, aten._unsafe_view.default)
+def view(ctx) -> Lab:
+    return reshape(ctx, ctx.args[0], tuple(ctx.out.shape), size_args(ctx, 1))
+
+
+register_rule(aten.flatten.using_ints)(flatten)
+register_rule(aten.unflatten.int)(unflatten)
+register_rule(aten.permute.default)(permute)
+register_rule(aten.transpose.int)(transpose)
+register_rule(aten.unsqueeze.default)(unsqueeze)
+register_rule(aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default)(squeeze)
+register_rule(aten.expand.default)(expand)
+register_rule(aten.cat.default)(cat)
+register_rule(aten.stack.default)(stack)
+register_rule(aten.split.Tensor, aten.split_with_sizes.default, aten.chunk.default)(split)
+register_rule(aten.unbind.int)(unbind)
+register_rule(aten.roll.default, aten.flip.default, aten.select.int, aten.narrow.default)(positional)
+
+
+@register_rule(aten.slice.Tensor)
+def slice_(ctx) -> Lab:
+    """``x[..., a:b]`` along one dim: a slice keeping every position passes; a partial one freezes a channel dim."""
+    lab, shape = ctx.lab(ctx.args[0]), ctx.shape(ctx.args[0])
+    d = norm_dim(ctx.arg(1, "dim", 0), lab.ndim)
+    if lab.dims[d] is None or ctx.out.shape[d] == shape[d]:
+        return lab
+    ctx.freeze(lab.dims[d], "a constant slice of a channel dim")
+    return lab.replace(d, None)
+
+
+@register_rule(aten.index.Tensor)
+def index(ctx) -> Lab:
+    """Advanced indexing: the indexed dims lose their channels (frozen); one run of indexed dims keeps the rest."""
+    lab, idx = ctx.lab(ctx.args[0]), list(ctx.args[1])
+    hit = [d for d, i in enumerate(idx) if i is not None]
+    for d in hit:
+        if lab.dims[d] is not None:
+            ctx.freeze(lab.dims[d], "advanced (tensor) indexing")
+    out_nd = ctx.out.dim()
+    if not hit or hit != list(range(hit[0], hit[-1] + 1)):
+        ctx.freeze(lab, "advanced indexing that moves dims")
+        return Lab.none(out_nd)
+    lead, rest = lab.dims[: hit[0]], lab.dims[hit[-1] + 1 :]
+    return Lab((*lead, *([None] * (out_nd - len(lead) - len(rest))), *rest))
+
+
+@register_rule(aten.cumsum.default, aten.diff.default, aten.gather.default)
+def along_dim(ctx) -> Lab:
+    """Ops that mix positions along one dim: fine off the channel dims, frozen on them."""
+    lab = ctx.lab(ctx.args[0])
+    d = norm_dim(ctx.arg(1, "dim", -1), lab.ndim)
+    if lab.dims[d] is not None:
+        ctx.freeze(lab.dims[d], f"{op_name(ctx.node.target)} along a channel dim")
+    if ctx.node.target is aten.gather.default:  # the index tensor picks positions in every dim
+        ctx.freeze(lab, "gather")
+        return Lab.none(ctx.out.dim())
+    return lab.replace(d, None)
+
+
+# ---- reductions, softmax, pooling, padding ----------------------------------------------------------------------
+for _op, _separable in (
+    (aten.sum.dim_IntList, True), (aten.sum.default, True), (aten.mean.dim, False), (aten.mean.default, False),
+    (aten.amax.default, False), (aten.amin.default, False), (aten.var.correction, False),
+    (aten.std.correction, False), (aten.logsumexp.default, False), (aten.argmax.default, False),
+):  # fmt: skip
+    REDUCTIONS[_op] = _separable
+    register_rule(_op)(reduction)
+register_rule(aten.softmax.int, aten._softmax.default, aten.log_softmax.int, aten._log_softmax.default)(softmax)
+register_rule(
+    aten.adaptive_avg_pool1d.default, aten.adaptive_avg_pool2d.default, aten.avg_pool2d.default,
+    aten.max_pool2d.default, aten.upsample_nearest2d.vec, aten.upsample_bilinear2d.vec,
+)(spatial)  # fmt: skip
+register_rule(aten.pad.default, aten.constant_pad_nd.default)(pad)

@@ -1,0 +1,18 @@
+"""Hugging Face transformers integration: capture (``torch.export`` with ``use_cache=False``), attention layouts
+(``layouts``), the config rewrite and ``save_pretrained`` round trip (``config``), and pruning a checkpoint on disk
+shard by shard (``checkpoint``). The plugin (``plugin``) is imported once transformers is; importing this package
+imports nothing from transformers.
+
+    from prunefx.integrations import transformers as pfx_hf
+    result = pfx_hf.prune(model, (input_ids,), prunefx.PlanConfig(params=0.7))   # heads + MLP, stream kept
+    pfx_hf.save_pretrained(result.model, "pruned/")                            # loads with from_pretrained
+"""
+
+from prunefx.integrations.transformers.api import prune, stream_patterns
+from prunefx.integrations.transformers.checkpoint import CheckpointTensors, meta_model, prune_checkpoint
+from prunefx.integrations.transformers.config import check_config, derived_config, save_pretrained
+
+__all__ = [
+    "prune", "stream_patterns", "derived_config", "check_config", "save_pretrained", "CheckpointTensors",
+    "meta_model", "prune_checkpoint",
+]

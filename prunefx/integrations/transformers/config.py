@@ -1,0 +1,134 @@
+"""The pruned model's Hugging Face config, and ``save_pretrained`` that ``from_pretrained`` loads back.
+
+Widths are read from the pruned modules (heads and head_dim from the attention layouts, the MLP width from its
+first projection, the residual stream from the input embedding), one value per config field. The candidate config
+is then checked by building the model from it on the meta device and comparing every tensor shape: a config that
+cannot express the pruned model (layers of different widths; a family whose head_dim is derived from hidden_size
+and the head count) is an error naming the tensor, never a file that loads into the wrong shapes.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from prunefx.errors import PrunefxError
+from prunefx.integrations.transformers.layouts import attention_widths, layout_of
+
+
+@dataclass(frozen=True)
+class ConfigFields:
+    """Config field names of one model family (None: that config has no such field)."""
+
+    hidden: str = "hidden_size"
+    intermediate: str | None = "intermediate_size"
+    heads: str = "num_attention_heads"
+    kv_heads: str | None = None
+    head_dim: str | None = None
+    mlp: tuple[str, ...] = ()  # the MLP's first projection(s), by child name: its out width is the intermediate size
+
+
+_LLAMA = ConfigFields(kv_heads="num_key_value_heads", head_dim="head_dim", mlp=("gate_proj", "up_proj", "fc1"))
+FIELDS: dict[str, ConfigFields] = {
+    "llama": _LLAMA, "qwen2": _LLAMA, "mistral": _LLAMA, "gemma": _LLAMA, "phi": _LLAMA,
+    "gpt2": ConfigFields(hidden="n_embd", intermediate="n_inner", heads="n_head", mlp=("c_fc",)),
+    "bert": ConfigFields(mlp=("intermediate.dense",)),
+    "roberta": ConfigFields(mlp=("intermediate.dense",)),
+    "t5": ConfigFields(hidden="d_model", intermediate="d_ff", heads="num_heads", head_dim="d_kv", mlp=("wi",)),
+    "vit": ConfigFields(head_dim="head_dim", mlp=("fc1",)),
+    "clip_vision_model": ConfigFields(mlp=("fc1",)),
+    "whisper": ConfigFields(
+        hidden="d_model", intermediate="encoder_ffn_dim", heads="encoder_attention_heads", mlp=("fc1",)
+    ),
+}  # fmt: skip
+
+
+def _out_width(m: nn.Module) -> int:
+    return m.weight.shape[1] if type(m).__name__ == "Conv1D" else m.weight.shape[0]
+
+
+def stream_width(model: nn.Module) -> int | None:
+    """Width of the residual stream: what the input embedding (token table, patch or audio conv) produces."""
+    emb = model.get_input_embeddings()
+    for m in emb.modules() if emb is not None else ():
+        if isinstance(m, nn.Embedding):
+            return m.embedding_dim
+        if isinstance(m, (nn.Linear, nn.modules.conv._ConvNd)):
+            return m.weight.shape[0]
+    return None
+
+
+def derived_config(model: nn.Module):
+    """A copy of ``model.config`` whose width fields are the pruned model's (one value each, else an error)."""
+    cfg = copy.deepcopy(model.config)
+    fields = FIELDS.get(cfg.model_type)
+    if fields is None:
+        raise PrunefxError(
+            f"prunefx knows no config fields for model_type {cfg.model_type!r}; save with prunefx.save(model, plan, "
+            "path) (reloaded with prunefx.load)"
+        )
+    seen: dict[str, set[int]] = {}
+    for name, m in model.named_modules():
+        layout = layout_of(m)
+        if layout is not None:
+            heads, kv, hd = attention_widths(m, layout)
+            seen.setdefault(fields.heads, set()).add(heads)
+            if fields.kv_heads:
+                seen.setdefault(fields.kv_heads, set()).add(kv)
+            if fields.head_dim:
+                seen.setdefault(fields.head_dim, set()).add(hd)
+        is_mlp = any(name == p or name.endswith("." + p) for p in fields.mlp)
+        if fields.intermediate and is_mlp and hasattr(m, "weight"):
+            seen.setdefault(fields.intermediate, set()).add(_out_width(m))
+    hidden = stream_width(model)
+    if hidden is not None:
+        seen[fields.hidden] = {hidden}
+    uneven = {k: sorted(v) for k, v in seen.items() if len(v) > 1}
+    if uneven:
+        raise PrunefxError(
+            f"layers were pruned to different widths ({uneven}) and {type(cfg).__name__} has one value per field; "
+            "plan with PlanConfig(uniform_layers=True), or save with prunefx.save(model, plan, path)"
+        )
+    for k, v in seen.items():
+        try:
+            setattr(cfg, k, next(iter(v)))
+        except Exception as exc:
+            raise PrunefxError(
+                f"{type(cfg).__name__} rejects {k}={next(iter(v))}: {str(exc).strip().splitlines()[-1]}; choose a "
+                "target it can express, prune MLP widths only, or save with prunefx.save(model, plan, path)"
+            ) from exc
+    return cfg
+
+
+def check_config(model: nn.Module, cfg) -> list[str]:
+    """Tensors whose shape a model built from ``cfg`` would not have (empty when ``cfg`` describes ``model``)."""
+    try:
+        if callable(getattr(cfg, "validate", None)):  # what save_pretrained and from_pretrained will check
+            cfg.validate()
+        with torch.device("meta"):
+            fresh = type(model)(cfg)
+    except Exception as exc:  # noqa: BLE001 - the config class's own validation; its message names the field
+        return [f"{type(cfg).__name__} cannot be built: {str(exc).strip().splitlines()[-1]}"]
+    want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    got = {k: tuple(v.shape) for k, v in fresh.state_dict().items()}
+    return [f"{k}: pruned {want[k]}, config gives {got.get(k)}" for k in want if got.get(k) != want[k]]
+
+
+def save_pretrained(model: nn.Module, path, **kwargs) -> None:
+    """``model.save_pretrained(path)`` with ``model.config`` rewritten to the pruned widths and checked first.
+
+    ``AutoModel*.from_pretrained(path)`` then rebuilds the pruned architecture and loads its weights.
+    """
+    cfg = derived_config(model)
+    bad = check_config(model, cfg)
+    if bad:
+        raise PrunefxError(
+            f"the pruned model cannot be written as a {type(cfg).__name__} ({bad[0]}). Some configs derive head_dim "
+            "from hidden_size / heads (GPT-2, BERT, CLIP, Whisper) or require hidden_size % heads == 0 (Llama): prune "
+            "MLP widths only, choose a head count the config accepts, or save with prunefx.save(model, plan, path)"
+        )
+    model.config = cfg
+    model.save_pretrained(path, **kwargs)

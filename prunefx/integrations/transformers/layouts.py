@@ -1,0 +1,109 @@
+"""Attention layouts of Hugging Face models: where the projections are and which attributes count heads.
+
+The analysis finds heads from the graph (a reshape into heads x head_dim whose head dim is a batch dim of the
+attention product); what it cannot know is which Python attributes a class keeps about them. A layout names them,
+and its fixer re-derives them from the projections' new widths after slicing. An attention class without a layout
+keeps its literals unclaimed, so its heads are left alone with a reason naming the node and the module.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+from torch import nn
+
+
+@dataclass(frozen=True)
+class AttentionLayout:
+    """Projections and head attributes of one attention class.
+
+    ``q`` / ``k``: child projections (``fused``: one child holding q, k and v side by side, GPT-2's ``c_attn``);
+    ``head_dim``: the attribute holding the per-head width (kept: whole heads are pruned). The attribute tuples are
+    set from the new widths: ``heads`` = q width / head_dim, ``kv_heads`` = k width / head_dim, ``groups`` =
+    heads / kv_heads, ``widths`` = q width.
+    """
+
+    q: str = "q_proj"
+    k: str = "k_proj"
+    fused: str | None = None
+    head_dim: str = "head_dim"
+    heads: tuple[str, ...] = ()
+    kv_heads: tuple[str, ...] = ()
+    groups: tuple[str, ...] = ()
+    widths: tuple[str, ...] = ()
+
+
+def _out_width(m: nn.Module) -> int:
+    return m.weight.shape[1] if type(m).__name__ == "Conv1D" else m.weight.shape[0]  # Conv1D stores (in, out)
+
+
+def attention_widths(m: nn.Module, layout: AttentionLayout) -> tuple[int, int, int]:
+    """(query heads, key/value heads, head_dim) of attention module ``m``, read from its weights."""
+    hd = int(getattr(m, layout.head_dim))
+    if layout.fused:
+        q = k = _out_width(m.get_submodule(layout.fused)) // 3
+    else:
+        q, k = _out_width(m.get_submodule(layout.q)), _out_width(m.get_submodule(layout.k))
+    return q // hd, k // hd, hd
+
+
+def rewrite_attributes(m: nn.Module, layout: AttentionLayout) -> None:
+    """Set the layout's head attributes of ``m`` from its projections' widths."""
+    heads, kv, hd = attention_widths(m, layout)
+    for a in layout.heads:
+        setattr(m, a, heads)
+    for a in layout.kv_heads:
+        setattr(m, a, kv)
+    for a in layout.groups:
+        setattr(m, a, heads // kv)
+    for a in layout.widths:
+        setattr(m, a, heads * hd)
+
+
+_LLAMA = AttentionLayout(groups=("num_key_value_groups",))  # views use -1 for the head count; n_rep is an attribute
+_BERT = AttentionLayout(
+    q="query", k="key", head_dim="attention_head_size", heads=("num_attention_heads",), widths=("all_head_size",)
+)
+LAYOUTS: dict[str, AttentionLayout] = {
+    "transformers.models.llama.modeling_llama.LlamaAttention": _LLAMA,
+    "transformers.models.qwen2.modeling_qwen2.Qwen2Attention": _LLAMA,
+    "transformers.models.mistral.modeling_mistral.MistralAttention": _LLAMA,
+    "transformers.models.gemma.modeling_gemma.GemmaAttention": _LLAMA,
+    "transformers.models.phi.modeling_phi.PhiAttention": _LLAMA,
+    "transformers.models.gpt2.modeling_gpt2.GPT2Attention": AttentionLayout(
+        fused="c_attn", heads=("num_heads",), widths=("embed_dim", "split_size")
+    ),
+    "transformers.models.bert.modeling_bert.BertSelfAttention": _BERT,
+    "transformers.models.roberta.modeling_roberta.RobertaSelfAttention": _BERT,
+    "transformers.models.t5.modeling_t5.T5Attention": AttentionLayout(
+        q="q", k="k", head_dim="key_value_proj_dim", heads=("n_heads",), widths=("inner_dim",)
+    ),
+    "transformers.models.vit.modeling_vit.ViTAttention": AttentionLayout(heads=("num_attention_heads",)),
+    "transformers.models.clip.modeling_clip.CLIPAttention": AttentionLayout(
+        heads=("num_heads",), widths=("embed_dim",)
+    ),
+    "transformers.models.whisper.modeling_whisper.WhisperAttention": AttentionLayout(
+        heads=("num_heads",), widths=("embed_dim",)
+    ),
+}
+
+
+def layout_of(module: nn.Module) -> AttentionLayout | None:
+    for cls in type(module).__mro__:
+        layout = LAYOUTS.get(f"{cls.__module__}.{cls.__qualname__}")
+        if layout is not None:
+            return layout
+    return None
+
+
+def attention_classes() -> dict[type, AttentionLayout]:
+    """The installed transformers' classes that have a layout (a family missing from this version is skipped)."""
+    found = {}
+    for path, layout in LAYOUTS.items():
+        module, _, name = path.rpartition(".")
+        try:
+            found[getattr(importlib.import_module(module), name)] = layout
+        except (ImportError, AttributeError):
+            continue
+    return found

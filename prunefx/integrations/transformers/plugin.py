@@ -1,0 +1,26 @@
+"""transformers plugin: export capture for every ``PreTrainedModel``, fixers for ``Conv1D`` and the attention
+layouts (registered when transformers is in use; see ``prunefx.integrations.transformers``)."""
+
+from __future__ import annotations
+
+from torch import nn
+from transformers import PreTrainedModel
+from transformers.pytorch_utils import Conv1D
+
+from prunefx.capture.export import register_export
+from prunefx.integrations.transformers.layouts import attention_classes, rewrite_attributes
+from prunefx.transform.fixers import register_fixer
+
+# transformers' forwards branch on shapes and build masks in Python (no fx tracer since v5); export follows them.
+# A DynamicCache in the output is not a pytree: the capture runs without a cache.
+register_export(PreTrainedModel, lambda model: {"use_cache": False})
+
+
+@register_fixer(Conv1D, literals=True)
+def _conv1d(m: nn.Module, widths: dict) -> None:
+    # forward: x.view(*x.shape[:-1], self.nf) after an addmm with the (in, out) weight
+    m.nf = m.weight.shape[1]
+
+
+for _cls, _layout in attention_classes().items():
+    register_fixer(_cls, literals=True)(lambda m, widths, layout=_layout: rewrite_attributes(m, layout))

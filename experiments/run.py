@@ -42,6 +42,10 @@ EXPERIMENTS = {
     "yolo_synthetic": Experiment("experiments.yolo_synthetic", "yolov8n / yolo11n pipeline at several GFLOPs targets"),
     "yolo_latency": Experiment("experiments.yolo_latency", "CPU latency of the yolo_synthetic tables' models"),
     "html_render": Experiment("experiments.bench_html", "HTML view: page build and browser render, 70-1,600 nodes"),
+    "llm_meta": Experiment(
+        "experiments.llm_meta", "1B / 3B / 7B Llama configs on the meta device: analysis time, peak RSS, vs TP",
+        ("transformers",),
+    ),
 }
 
 

@@ -10,8 +10,9 @@ loads the weights, so no pickled classes are needed and the file cannot run code
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -34,12 +35,18 @@ def save(model: nn.Module, plan: PruningPlan, path: str | os.PathLike) -> Path:
 
 
 def load(
-    path: str | os.PathLike, base_model_factory: Callable[[], nn.Module], *, graph_rewrite: bool = False
+    path: str | os.PathLike,
+    base_model_factory: Callable[[], nn.Module],
+    *,
+    graph_rewrite: bool = False,
+    example_inputs: Sequence[Any] | None = None,
 ) -> nn.Module:
     """Rebuild a pruned model: fresh model from ``base_model_factory`` -> re-apply the plan -> load weights.
 
     Returns the module to use (as :func:`prunefx.apply_plan` does): the model, or the rewritten GraphModule when
     the plan was made with ``graph_rewrite`` (recorded in the plan; the argument forces it for older plans).
+    ``example_inputs``: what the re-analysis feeds the model (default: float zeros of the plan's input shapes; a
+    language model needs integer token ids of those shapes).
     """
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
@@ -51,7 +58,7 @@ def load(
         raise PrunefxError(f"{path} is not a prunefx checkpoint (expected format {FORMAT!r})")
     plan = PruningPlan.from_dict(payload["plan"])
     model = base_model_factory()
-    inputs = tuple(torch.zeros(s) for s in plan.input_shapes)
+    inputs = tuple(example_inputs) if example_inputs is not None else tuple(torch.zeros(s) for s in plan.input_shapes)
     dg = analyze(model, inputs)
     pruned = apply_plan(model, dg, plan, graph_rewrite=graph_rewrite or bool(plan.target.get("graph_rewrite")))
     pruned.load_state_dict(payload["state_dict"])

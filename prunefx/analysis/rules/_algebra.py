@@ -187,15 +187,29 @@ def op_name(target: Any) -> str:
 
 
 def weight_owner(ctx: Any, w: Any) -> str | None:
-    """The module whose parameter the ``get_attr`` node ``w`` reads: ``a.b.weight`` -> ``a.b``, or None.
+    """The module whose parameter the ``get_attr`` node ``w`` reads, or None.
 
+    The node's own module (innermost ``nn_module_stack`` entry) when the tensor is one of its parameters or buffers
+    (a tied weight is read under one name by two modules), else the module named by the path (``a.b.weight``).
     Functional layers (``F.linear`` in a custom forward, every layer of a torch.export graph) record their members
-    under that module, so its fixer re-derives its attributes and plans and scores name it.
+    under it, so its fixer re-derives its attributes and plans and scores name it.
     """
-    if getattr(w, "op", None) == "get_attr" and str(w.target) in ctx.engine.tensors:
-        owner = str(w.target).rpartition(".")[0]
-        return owner if owner in ctx.engine.modules else None
-    return None
+    if getattr(w, "op", None) != "get_attr" or str(w.target) not in ctx.engine.tensors:
+        return None
+    tensor = ctx.engine.gm.get_parameter(w.target) if _is_param(ctx.engine.gm, w.target) else None
+    here = ctx.engine.modules.get(ctx.owner())
+    if tensor is not None and here is not None and any(p is tensor for p in here.parameters(recurse=False)):
+        return ctx.owner()
+    owner = str(w.target).rpartition(".")[0]
+    return owner if owner in ctx.engine.modules else None
+
+
+def _is_param(gm: Any, target: str) -> bool:
+    module, _, name = target.rpartition(".")
+    try:
+        return name in gm.get_submodule(module)._parameters
+    except AttributeError:
+        return False
 
 
 def fixed_size(ctx: Any, ref: Any) -> None:

@@ -17,10 +17,13 @@ Libraries declare what their models need with :func:`register_export` (transform
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import io
+import logging
 import operator
+import sys
 from collections.abc import Callable, Sequence
-from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -105,15 +108,22 @@ def _inline_wrappers(gm: fx.GraphModule) -> None:
     gm.delete_all_unused_submodules()
 
 
-@contextmanager
-def _no_stack_traces():
-    """Export records each node's source stack trace (a noticeable share of its time); nothing here reads them."""
+@contextlib.contextmanager
+def _quiet_export():
+    """No per-node source stack traces (a noticeable share of export's time; nothing here reads them) and no log
+    lines from export's shape reasoning: a failure is reported once, as a TraceFailure."""
     saved = torch.fx.config.do_not_emit_stack_traces
     torch.fx.config.do_not_emit_stack_traces = True
+    loggers = [logging.getLogger(n) for n in ("torch.fx.experimental.symbolic_shapes", "torch.export", "torch._export")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL)
     try:
         yield
     finally:
         torch.fx.config.do_not_emit_stack_traces = saved
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
 
 
 def export_graph(
@@ -128,9 +138,11 @@ def export_graph(
     params = inspect.signature(model.forward).parameters
     open_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())
     kwargs = {k: v for k, v in {**_kwargs_for(model), **(kwargs or {})}.items() if k in params or open_kwargs}
-    with training_mode(model, False), _no_stack_traces():
+    printed = io.StringIO()  # on failure export prints its partial graph to stderr: the error below says it once
+    with training_mode(model, False), _quiet_export():
         try:
-            ep = torch.export.export(model, example_inputs, kwargs, strict=False)
+            with contextlib.redirect_stderr(printed):
+                ep = torch.export.export(model, example_inputs, kwargs, strict=False)
         except Exception as exc:  # reported with what to do about it
             first = (str(exc).strip().splitlines() or [""])[0][:400]
             raise TraceFailure(
@@ -138,9 +150,11 @@ def export_graph(
                 "  fixes: pass example inputs the model's forward accepts; make shape-dependent Python code static; "
                 "or capture='fx' (symbolic tracing with automatic leaves)"
             ) from exc
+    sys.stderr.write(printed.getvalue())  # a successful export's warnings are the user's to see
     gm = ep.module()
     for name in ("train", "eval"):  # export forbids mode switches on its module; the graph itself is mode-free
         gm.__dict__.pop(name, None)
+    gm._forward_pre_hooks.clear()  # the check of the original call signature: the graph takes the tensors only
     graph = gm.graph
     for node in list(graph.nodes):
         if node.op == "placeholder" and not isinstance(node.meta.get("val"), torch.Tensor):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import warnings
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -15,10 +17,11 @@ from prunefx.plan import PlanConfig
 
 
 def stream_patterns(model: nn.Module) -> tuple[str, ...]:
-    """``ignore`` patterns that keep the residual stream (hidden size): the group of the input embedding's output."""
+    """``ignore`` patterns that keep the residual stream (hidden size): the group of the input embedding's output
+    (the embedding module itself, or the layers inside a patch / audio embedding)."""
     emb = model.get_input_embeddings()
     names = [n for n, m in model.named_modules() if m is emb]
-    return tuple(p for n in names for p in (n, f"{n}.*"))
+    return tuple(f"{n}.*" if any(True for _ in emb.children()) else n for n in names)
 
 
 def prune(
@@ -35,6 +38,9 @@ def prune(
     the residual stream untouched unless ``hidden=True``, weight-norm importance by default (``criterion="activation"``
     with ``calibration=[input_ids, ...]`` or ``"taylor"`` with ``loss_fn`` use data)."""
     config = config or PlanConfig(ratio=0.3)
-    ignore = config.ignore if hidden else (*config.ignore, *stream_patterns(model))
-    config = replace(config, ignore=ignore, uniform_layers=True)
-    return _prune(model, example_inputs, config, criterion=criterion, **kwargs)
+    stream = () if hidden else stream_patterns(model)
+    config = replace(config, ignore=(*config.ignore, *stream), uniform_layers=True)
+    with warnings.catch_warnings():  # a base model's stream is its output, frozen already: nothing to ignore
+        for pattern in stream:
+            warnings.filterwarnings("ignore", message=f"ignore pattern {re.escape(repr(pattern))} matches no module")
+        return _prune(model, example_inputs, config, criterion=criterion, **kwargs)

@@ -1,0 +1,235 @@
+"""Hugging Face models: heads and MLP widths pruned exactly, the config rewritten, save_pretrained / from_pretrained.
+
+Tiny random configs of twelve families, captured with torch.export. Every pruned model must equal the masked original
+(the oracle, exact); where the family's config can describe the pruned widths, ``save_pretrained`` then
+``from_pretrained`` must give the same outputs; where it cannot, saving says why and ``prunefx.save`` / ``load``
+round-trips instead.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+from torch.utils._pytree import tree_flatten
+
+transformers = pytest.importorskip("transformers")
+
+import prunefx
+from prunefx.analysis.roles import Kind
+from prunefx.integrations import transformers as pfx_hf
+from prunefx.integrations.transformers.layouts import attention_widths, layout_of
+
+T = transformers
+V = 128
+SMALL = dict(vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             max_position_embeddings=64)  # fmt: skip
+GQA = {**SMALL, "hidden_size": 96, "num_attention_heads": 8, "num_key_value_heads": 4}  # 6 heads divide 96
+
+
+def _ids():
+    return (torch.randint(0, V, (1, 8)),)
+
+
+def _image():
+    return (torch.randn(1, 3, 32, 32),)
+
+
+def _vision(cfg_cls):
+    return cfg_cls(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, image_size=32,
+                   patch_size=8)  # fmt: skip
+
+
+MODELS = {
+    "llama": lambda: (T.LlamaForCausalLM(T.LlamaConfig(**GQA)), _ids()),
+    "qwen2": lambda: (T.Qwen2ForCausalLM(T.Qwen2Config(**GQA)), _ids()),
+    "mistral": lambda: (T.MistralForCausalLM(T.MistralConfig(**GQA)), _ids()),
+    "gemma": lambda: (T.GemmaForCausalLM(T.GemmaConfig(**GQA, head_dim=12)), _ids()),
+    "phi": lambda: (T.PhiForCausalLM(T.PhiConfig(**SMALL)), _ids()),
+    "gpt2": lambda: (T.GPT2LMHeadModel(T.GPT2Config(vocab_size=V, n_embd=64, n_layer=2, n_head=4, n_positions=64,
+                                                    bos_token_id=0, eos_token_id=0)), _ids()),  # fmt: skip
+    "bert": lambda: (T.BertModel(T.BertConfig(**SMALL)), _ids()),
+    "roberta": lambda: (T.RobertaModel(T.RobertaConfig(**{**SMALL, "max_position_embeddings": 72})), _ids()),
+    "t5_encoder": lambda: (T.T5EncoderModel(T.T5Config(vocab_size=V, d_model=64, d_kv=16, d_ff=128, num_layers=2,
+                                                       num_heads=4)), _ids()),  # fmt: skip
+    "vit": lambda: (T.ViTModel(_vision(T.ViTConfig)), _image()),
+    "clip_vision": lambda: (T.CLIPVisionModel(_vision(T.CLIPVisionConfig)), _image()),
+    "whisper_encoder": lambda: (
+        T.models.whisper.modeling_whisper.WhisperEncoder(
+            T.WhisperConfig(d_model=64, encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=128,
+                            num_mel_bins=16, max_source_positions=16, vocab_size=V)  # fmt: skip
+        ),
+        (torch.randn(1, 16, 32),),
+    ),
+}
+# Families whose config derives head_dim from hidden_size / heads: fewer heads cannot be written as that config.
+HEADS_NOT_EXPRESSIBLE = {"gpt2", "bert", "roberta", "clip_vision", "whisper_encoder"}
+FAST = {"llama", "bert"}
+
+
+def _flat(out) -> list[torch.Tensor]:
+    return [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+
+
+def _same_outputs(a, b, x, tol=1e-5) -> float:
+    with torch.no_grad():
+        pa, pb = _flat(a(*x)), _flat(b(*x))
+    assert len(pa) == len(pb) and pa
+    return max(float((p - q).abs().max() / p.abs().max().clamp_min(1e-12)) for p, q in zip(pa, pb, strict=True))
+
+
+def _build(name):
+    torch.manual_seed(0)
+    model, x = MODELS[name]()
+    return model.eval(), x
+
+
+def _pruned_kinds(result) -> set[str]:
+    """Which kinds of groups the plan pruned: 'heads' (a group with an attention projection) and/or 'mlp'."""
+    kinds = set()
+    for gp in result.plan.pruned:
+        g = result.graph.groups[gp.group]
+        names = [m.name for m in g.members if m.kind is Kind.MODULE]
+        owners = {n.rpartition(".")[0] for n in names}
+        attn = any(layout_of(result.model.get_submodule(o)) is not None for o in owners if o)
+        kinds.add("heads" if attn else "mlp")
+    return kinds
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=() if n in FAST else pytest.mark.slow) for n in MODELS]
+)  # fmt: skip
+def test_heads_and_mlp_pruned_exactly_and_round_tripped(name, tmp_path):
+    model, x = _build(name)
+    original = copy.deepcopy(model)
+    result = pfx_hf.prune(model, x, prunefx.PlanConfig(ratio=0.3, scope="local"))
+    assert result.graph.capture == "export"
+    assert result.verified.ok and result.verified.exact, result.verified.message
+    assert _pruned_kinds(result) == {"heads", "mlp"}, result.plan.summary()
+    assert all("ignored" in why for _, why in result.plan.skipped), result.plan.skipped  # only the residual stream
+    for m in model.modules():  # every attention's attributes agree with its weights
+        layout = layout_of(m)
+        if layout is not None:
+            heads, _, hd = attention_widths(m, layout)
+            for attr in layout.heads:
+                assert getattr(m, attr) == heads
+            for attr in layout.widths:
+                assert getattr(m, attr) == heads * hd
+    assert _same_outputs(original, original, x) == 0.0
+    if name in HEADS_NOT_EXPRESSIBLE:
+        with pytest.raises(prunefx.PrunefxError, match="cannot be written as a"):
+            pfx_hf.save_pretrained(model, tmp_path / "hf")
+        prunefx.save(model, result.plan, tmp_path / "pruned.pt")
+        factory = lambda: type(original)(original.config).eval()  # noqa: E731
+        again = prunefx.load(tmp_path / "pruned.pt", factory, example_inputs=x).eval()
+    else:
+        pfx_hf.save_pretrained(model, tmp_path / "hf")
+        again = type(model).from_pretrained(tmp_path / "hf").eval()
+    assert _same_outputs(model, again, x) <= 1e-5
+
+
+def test_gqa_unit_is_a_kv_head_with_its_query_heads():
+    model, x = _build("llama")
+    dg = prunefx.analyze(model, x)
+    attn = "model.layers.0.self_attn"
+    (g,) = dg.groups_of(f"{attn}.k_proj")
+    assert g.prunable and g.channels == 4  # 4 KV heads of 12, each with 2 query heads
+    members = {(m.name, str(m.role)): m.positions for m in g.members if m.kind is Kind.MODULE}
+    heads = lambda n, w: tuple(tuple(range(k * w, (k + 1) * w)) for k in range(n))  # noqa: E731
+    assert members[(f"{attn}.k_proj", "out")] == heads(4, 12)
+    assert members[(f"{attn}.v_proj", "out")] == heads(4, 12)
+    assert members[(f"{attn}.q_proj", "out")] == heads(4, 24)
+    assert members[(f"{attn}.o_proj", "in")] == heads(4, 24)
+    (mlp,) = dg.groups_of("model.layers.0.mlp.gate_proj")
+    assert {(m.name, str(m.role)) for m in mlp.members if m.kind is Kind.MODULE} == {
+        ("model.layers.0.mlp.gate_proj", "out"), ("model.layers.0.mlp.up_proj", "out"),
+        ("model.layers.0.mlp.down_proj", "in"),
+    }  # fmt: skip
+
+
+@pytest.mark.slow
+def test_layers_of_different_widths_need_uniform_layers(tmp_path):
+    model, x = _build("qwen2")
+    config = prunefx.PlanConfig(params=0.6, ignore=pfx_hf.stream_patterns(model))  # global: layers differ
+    prunefx.prune(model, x, config, criterion="l2")
+    with pytest.raises(prunefx.PrunefxError, match="different widths.*uniform_layers=True"):
+        pfx_hf.save_pretrained(model, tmp_path)
+    model, x = _build("qwen2")
+    result = pfx_hf.prune(model, x, prunefx.PlanConfig(params=0.6))  # uniform_layers by default
+    assert result.verified.ok and result.plan.target["uniform_layers"]
+    pfx_hf.save_pretrained(model, tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    widths = {m.weight.shape[0] for n, m in model.named_modules() if n.endswith("mlp.gate_proj")}
+    assert widths == {saved["intermediate_size"]} and saved["intermediate_size"] < 128
+
+
+@pytest.mark.slow
+def test_llama_config_rejects_a_head_count_that_does_not_divide_hidden_size(tmp_path):
+    torch.manual_seed(0)
+    model = T.LlamaForCausalLM(T.LlamaConfig(**{**GQA, "hidden_size": 64})).eval()  # 6 heads of 8 in 64
+    pfx_hf.prune(model, _ids(), prunefx.PlanConfig(ratio=0.3, scope="local"))
+    with pytest.raises(prunefx.PrunefxError, match="LlamaConfig.*not a multiple of the number of attention heads"):
+        pfx_hf.save_pretrained(model, tmp_path)
+
+
+def test_checkpoint_on_disk_is_pruned_shard_by_shard(tmp_path):
+    """Analysis and scores on the meta device (weights streamed from the shards one tensor at a time), then the
+    shards sliced one by one: the result loads with from_pretrained and equals pruning the model in memory."""
+    full, x = _build("llama")
+    full.config.tie_word_embeddings = True
+    full.tie_weights()
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    full.save_pretrained(src, max_shard_size="200KB")
+    assert len(list(src.glob("*.safetensors"))) > 2
+    model = pfx_hf.meta_model(src)
+    ids = torch.zeros(1, 8, dtype=torch.long, device="meta")
+    dg = prunefx.analyze(model, (ids,))
+    scores = prunefx.score(model, dg, "l2", weights=pfx_hf.CheckpointTensors(src, model))
+    assert all(p.device.type == "meta" for p in model.parameters())  # nothing was loaded into the model
+    config = prunefx.PlanConfig(params=0.7, uniform_layers=True, ignore=pfx_hf.stream_patterns(model))
+    plan = prunefx.make_plan(dg, scores.values, config, cost=prunefx.CostModel(model, dg, (ids,)),
+                             owned_constants=prunefx.transform.owned_modules(model))  # fmt: skip
+    assert plan.pruned
+    pfx_hf.prune_checkpoint(src, dst, model, dg, plan)
+    again = T.LlamaForCausalLM.from_pretrained(dst).eval()
+    reference = T.LlamaForCausalLM.from_pretrained(src).eval()
+    prunefx.apply_plan(reference, prunefx.analyze(reference, x), plan)  # same plan: same fingerprint, real weights
+    assert _same_outputs(reference, again, x) == 0.0
+    assert again.lm_head.weight is again.model.embed_tokens.weight
+    with pytest.raises(prunefx.PrunefxError, match="not empty"):
+        pfx_hf.prune_checkpoint(src, dst, pfx_hf.meta_model(src), dg, plan)
+
+
+def test_activation_criterion_ranks_a_silent_mlp_unit_last():
+    """Unit 5 of layer 0's MLP has the largest weights but its gate is zero, so it never carries a signal: weight
+    norms keep it, activations drop it first."""
+    model, x = _build("llama")
+    mlp = model.model.layers[0].mlp
+    with torch.no_grad():
+        mlp.gate_proj.weight[5] = 0.0
+        mlp.down_proj.weight[:, 5] *= 50.0
+        mlp.up_proj.weight[5] *= 50.0
+    dg = prunefx.analyze(model, x)
+    (g,) = dg.groups_of("model.layers.0.mlp.gate_proj")
+    calibration = [torch.randint(0, V, (2, 16)) for _ in range(2)]
+    act = prunefx.score(model, dg, "activation", calibration=calibration)
+    l2 = prunefx.score(model, dg, "l2")
+    assert act.used[g.id] == "activation"
+    assert int(act.values[g.id].argmin()) == 5
+    assert int(l2.values[g.id].argmax()) == 5
+    with pytest.raises(prunefx.PrunefxError, match="needs calibration"):
+        prunefx.score(model, dg, "activation")
+
+
+def test_seven_billion_widths_analyse_on_the_meta_device():
+    """Two layers of Llama-2-7B's widths on the meta device: nothing is allocated, heads and MLP widths group."""
+    cfg = T.LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=2, num_attention_heads=32,
+                        num_key_value_heads=32, vocab_size=32000)  # fmt: skip
+    with torch.device("meta"):
+        model = T.LlamaForCausalLM(cfg)
+    dg = prunefx.analyze(model, (torch.zeros(1, 8, dtype=torch.long, device="meta"),))
+    assert all(t.device.type == "meta" for t in (*model.parameters(), *model.buffers()))
+    sizes = sorted(g.channels for g in dg.prunable)
+    assert sizes == [32, 32, 4096, 11008, 11008]  # heads x2, the residual stream, MLP x2

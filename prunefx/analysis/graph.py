@@ -85,6 +85,7 @@ class DependencyGraph:
             "nodes": len(self.gm.graph.nodes),
             "seconds": round(self.seconds, 4),
             "shape_pass": self.shape_pass,
+            "capture": self.capture,
             "auto_leaves": self.auto_leaves,
             "unknown_ops": self.unknown_ops,
             "groups": [g.to_dict() for g in self.groups],

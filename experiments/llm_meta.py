@@ -189,7 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     lines = [title, "",
              f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, 1 thread per run, "
              f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} at the end; timeout {args.timeout:.0f} s. "
-             "Peak RSS includes importing torch and transformers (~0.77 GB).", "",
+             "Peak RSS includes importing torch and transformers (~0.77 GB).",
+         "",
+         f"Command: `python -m experiments.llm_meta {' '.join(argv if argv is not None else sys.argv[1:])}`", "",
              "| " + " | ".join(FIELDS) + " |", "|" + "---|" * len(FIELDS)]
     lines += ["| " + " | ".join(str(r.get(k, "")) for k in FIELDS) + " |" for r in rows]
     (out / f"{name}.md").write_text("\n".join(lines) + "\n")

@@ -46,6 +46,10 @@ EXPERIMENTS = {
         "experiments.llm_meta", "1B / 3B / 7B Llama configs on the meta device: analysis time, peak RSS, vs TP",
         ("transformers",),
     ),
+    "llm_criteria": Experiment(
+        "experiments.llm_criteria", "importance criteria on a small trained LM, heads + MLP pruned, no fine-tuning",
+        ("transformers",),
+    ),
 }
 
 

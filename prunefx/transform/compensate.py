@@ -16,12 +16,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.fx as fx
 from torch import nn
 
 from prunefx.analysis.graph import DependencyGraph
-from prunefx.analysis.roles import IN, Kind
+from prunefx.analysis.roles import IN, Kind, ParamDim, RecordKey
 from prunefx.capture.trace import training_mode
 from prunefx.plan import PruningPlan
 from prunefx.transform.keep import keep_by_root, kept_positions
@@ -58,18 +59,20 @@ def compensate(
     """Shift consumers' biases by the mean contribution of their soon-removed input channels."""
     targets = _pruned_inputs(dg, plan)
     folded, skipped, means, counts, hooks = [], [], {}, {}, []
-    layers = {}
+    layers, in_dims = {}, {}
     for name in targets:
         m = model.get_submodule(name)
-        if isinstance(m, nn.Linear) or (isinstance(m, nn.modules.conv._ConvNd) and m.groups == 1 and not m.transposed):
-            layers[name] = m
+        in_dim = _weight_in_dim(dg, name)
+        conv = isinstance(m, nn.modules.conv._ConvNd)
+        if in_dim is not None and (not conv or (m.groups == 1 and not m.transposed)):
+            layers[name], in_dims[name] = m, in_dim
         else:
             skipped.append((name, f"{type(m).__name__} (grouped/transposed/other layers are not compensated)"))
 
     def hook(name: str):
         def fn(module: nn.Module, args: tuple) -> None:
             x = args[0].detach()
-            dim = x.dim() - 1 if isinstance(module, nn.Linear) else 1
+            dim = x.dim() - 1 if module.weight.dim() == 2 else 1  # a matrix reads the last dim, a conv dim 1
             reduce = [d for d in range(x.dim()) if d != dim]
             means[name] = means.get(name, 0) + x.mean(reduce)
             counts[name] = counts.get(name, 0) + 1
@@ -94,7 +97,7 @@ def compensate(
                 continue
             gone = targets[name]
             mean = means[name] / counts[name]
-            w = m.weight[:, gone]
+            w = m.weight.movedim(in_dims[name], 1)[:, gone]  # (out, in, *kernel) whatever the stored layout
             w = w.sum(dim=tuple(range(2, w.dim()))) if w.dim() > 2 else w
             delta = w @ mean[gone].to(w.dtype)
             bn_name = followers.get(name)
@@ -107,6 +110,19 @@ def compensate(
             else:
                 skipped.append((name, "no bias and no BatchNorm right after it"))
     return Compensation(tuple(folded), tuple(skipped))
+
+
+def _weight_in_dim(dg: DependencyGraph, name: str) -> int | None:
+    """The dim of ``name.weight`` that the layer's input channels index (Linear/conv: 1; Hugging Face's Conv1D,
+    stored (in, out): 0), read from the analysis records; None when the weight is not recorded against them."""
+    in_roots = dg.record_roots.get(RecordKey(Kind.MODULE, name, IN))
+    if in_roots is None:
+        return None
+    for d in range(5):
+        roots = dg.record_roots.get(RecordKey(Kind.PARAM, f"{name}.weight", ParamDim(d)))
+        if roots is not None and np.array_equal(roots, in_roots):
+            return d
+    return None
 
 
 def _single_bn_follower(gm: fx.GraphModule) -> dict[str, str]:

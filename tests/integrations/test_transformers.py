@@ -233,3 +233,14 @@ def test_seven_billion_widths_analyse_on_the_meta_device():
     assert all(t.device.type == "meta" for t in (*model.parameters(), *model.buffers()))
     sizes = sorted(g.channels for g in dg.prunable)
     assert sizes == [32, 32, 4096, 11008, 11008]  # heads x2, the residual stream, MLP x2
+
+
+def test_bias_compensation_folds_into_gpt2_conv1d_biases():
+    """Hugging Face's Conv1D stores its weight (in, out): compensation finds the input dim from the analysis."""
+    model, x = _build("gpt2")
+    x = (torch.randint(0, V, (4, 16)),)
+    result = pfx_hf.prune(model, x, prunefx.PlanConfig(ratio=0.3, scope="local"), bias_compensation=True)
+    folded = dict(result.compensation.folded)
+    assert folded == {f"transformer.h.{i}.{p}.c_proj": "bias" for i in range(2) for p in ("attn", "mlp")}
+    assert not result.compensation.skipped
+    assert result.verified.ok and result.verified.exact, result.verified.message

@@ -105,8 +105,8 @@ def capture_graph(
             return export_graph(model, example_inputs)
         except TraceFailure as export_failure:
             raise TraceFailure(f"{fx_failure}\nand with torch.export: {export_failure}") from export_failure
-    leaves = gm.meta[META_KEY]["auto_leaves"]
-    if capture == "auto" and any(next(model.get_submodule(n).parameters(), None) is not None for n in leaves):
+    auto = gm.meta[META_KEY]["auto_leaves"]
+    if capture == "auto" and any(next(model.get_submodule(n).parameters(), None) is not None for n in auto):
         try:
             return export_graph(model, example_inputs)
         except TraceFailure:

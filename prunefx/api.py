@@ -59,7 +59,7 @@ def prune(
     scores = score(model, dg, criterion, **score_kwargs)
     needs_cost = config.flops is not None or config.params is not None
     cost = CostModel(model, dg, example_inputs) if needs_cost or check else None
-    plan = make_plan(dg, scores.values, config, criterion=criterion, cost=cost)
+    plan = make_plan(dg, scores, config, cost=cost)
     if bias_compensation is None:
         bias_compensation = criterion == "bn_scale"
     compensation = compensate(model, dg, plan, example_inputs) if bias_compensation else None

@@ -17,7 +17,7 @@ ALLOWED: dict[str, set[str]] = {
     "analysis": {"capture", "html"},
     "metrics": set(),
     "importance": {"analysis", "capture"},
-    "plan": {"analysis", "metrics"},
+    "plan": {"analysis", "importance", "metrics"},
     "transform": {"analysis", "capture", "plan"},
     "verify": {"analysis", "capture", "plan"},
     "checkpoint": {"analysis", "plan", "transform"},

@@ -274,3 +274,19 @@ def test_cost_model_counts_every_normalized_dim():
     pruned = apply_plan(copy.deepcopy(model), dg, plan)
     assert plan.groups[0].after == 6
     assert cost.macs(keep) == pytest.approx(measure(pruned, x).macs, rel=1e-6)
+
+
+def test_plan_names_its_criterion_and_groups():
+    """A plan made from ``score(...)`` says which criterion made it (it read 'by custom'), and every planned group
+    carries its human name; a plan saved before labels existed still loads."""
+    model = randomize_bn(Patterns()).eval()
+    x = torch.randn(2, 3, 8, 8)
+    dg = prunefx.analyze(model, x)
+    plan = make_plan(dg, prunefx.score(model, dg, "l2"), PlanConfig(ratio=0.3))
+    assert plan.criterion == "l2" and "by l2" in plan.summary()
+    assert [g.label for g in plan.groups] == [dg.groups[g.group].label for g in plan.groups]
+    assert make_plan(dg, _random_scores(dg), PlanConfig(ratio=0.3)).criterion == "custom"
+    old = plan.to_dict()
+    for g in old["groups"]:
+        del g["label"]
+    assert PruningPlan.from_dict(old).groups[0].label == ""

@@ -24,6 +24,7 @@ class GroupPlan:
     after: int
     keep: tuple[int, ...]
     why: str
+    label: str = ""  # the group's name in tables (first producing layer and channels): "layer1.0.conv1 out[0:64]"
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,8 @@ class PruningPlan:
             criterion=d["criterion"],
             target=dict(d["target"]),
             groups=tuple(
-                GroupPlan(g["group"], g["before"], g["after"], tuple(g["keep"]), g["why"]) for g in d["groups"]
+                GroupPlan(g["group"], g["before"], g["after"], tuple(g["keep"]), g["why"], g.get("label", ""))
+                for g in d["groups"]
             ),
             skipped=tuple((int(a), str(b)) for a, b in d.get("skipped", ())),
             estimate=dict(d.get("estimate", {})),
@@ -73,6 +75,7 @@ class PruningPlan:
         return tuple(g for g in self.groups if g.after < g.before)
 
     def summary(self) -> str:
+        """One line: groups pruned, channels before -> after, criterion, estimated MACs (``table()``: per group)."""
         before = sum(g.before for g in self.groups)
         after = sum(g.after for g in self.groups)
         est = ""
@@ -84,13 +87,14 @@ class PruningPlan:
         )
 
     def table(self):
+        """A rich Table with one row per planned group: its name, channels before -> after, and why."""
         from rich.table import Table
 
         t = Table(title=self.summary())
-        for col in ("group", "before", "after", "why"):
-            t.add_column(col)
+        for col in ("group", "layer", "before", "after", "why"):
+            t.add_column(col, overflow="fold")
         for g in self.groups:
-            t.add_row(str(g.group), str(g.before), str(g.after), g.why)
+            t.add_row(str(g.group), g.label, str(g.before), str(g.after), g.why)
         return t
 
 

@@ -8,11 +8,13 @@ from __future__ import annotations
 import fnmatch
 import math
 import warnings
+from collections.abc import Mapping
 
 import numpy as np
 
 from prunefx.analysis.graph import DependencyGraph
 from prunefx.analysis.roles import Kind
+from prunefx.importance import Scores
 from prunefx.plan.config import PlanConfig, PlanError
 from prunefx.plan.cost import CostModel
 from prunefx.plan.plan import GroupPlan, PruningPlan
@@ -112,19 +114,24 @@ def _keep(scores: np.ndarray, n: int) -> np.ndarray:
 
 def make_plan(
     dg: DependencyGraph,
-    scores: dict[int, np.ndarray],
+    scores: Scores | Mapping[int, np.ndarray],
     cfg: PlanConfig,
     *,
-    criterion: str = "custom",
+    criterion: str | None = None,
     cost: CostModel | None = None,
     owned_constants: frozenset[str] = frozenset(),
 ) -> PruningPlan:
     """Choose kept channels for every eligible group so the target in ``cfg`` is met.
 
-    ``scores``: group id -> one score per channel (higher = keep). ``cost`` is required for flops /
-    params targets, which are solved by bisection on the global threshold (or the local ratio).
+    ``scores``: a :class:`prunefx.Scores` (its criterion names the plan) or group id -> one score per channel
+    (higher = keep; the plan says ``criterion``, default "custom"). ``cost`` is required for flops / params targets,
+    which are solved by bisection on the global threshold (or the local ratio).
     ``owned_constants``: module types whose attribute fixers rewrite their hard-coded channel counts.
     """
+    if isinstance(scores, Scores):
+        criterion = criterion or scores.criterion
+        scores = scores.values
+    criterion = criterion or "custom"
     eligible, skipped = _eligible(dg, cfg, owned_constants)
     missing = [g for g in eligible if g not in scores or len(scores[g]) != dg.groups[g].channels]
     if missing:
@@ -171,7 +178,8 @@ def make_plan(
         n_raw = int((scores[gid] > knob).sum()) if cfg.scope == "global" else None
         if n_raw is not None and int(m.sum()) != n_raw:
             why += f"; clamped/rounded to {int(m.sum())}"
-        groups.append(GroupPlan(gid, c, int(m.sum()), tuple(np.flatnonzero(m).tolist()), why))
+        keep = tuple(np.flatnonzero(m).tolist())
+        groups.append(GroupPlan(gid, c, int(m.sum()), keep, why, dg.groups[gid].label))
     target = {k: getattr(cfg, k) for k in ("ratio", "flops", "params") if getattr(cfg, k) is not None}
     target.update(scope=cfg.scope, round_to=cfg.round_to, min_channels=cfg.min_channels, max_ratio=cfg.max_ratio)
     if cfg.graph_rewrite:

@@ -317,7 +317,11 @@ def write_report(run_dir: str | os.PathLike[str], report: dict[str, Any]) -> lis
     out.mkdir(parents=True, exist_ok=True)
     files = {JSON_NAME: (json.dumps(report, indent=2, allow_nan=False) + "\n").encode()}
     if report["widths"]:
-        files["widths.png"] = widths_png(report["widths"])
+        target = (report.get("settings") or {}).get("target")
+        if isinstance(target, Mapping):
+            target = ", ".join(f"{k} {v}" for k, v in target.items())
+        title = f"{report['model']}" + (f", target: {target}" if target else "")
+        files["widths.png"] = widths_png(report["widths"], title)
     if plottable_metric(report["sweep"]) is not None:
         files["accuracy_vs_flops.png"] = accuracy_vs_flops_png(report["sweep"], report["stages"]["baseline"])
     files["report.md"] = render_markdown(report, plots=[n for n in files if n.endswith(".png")]).encode()

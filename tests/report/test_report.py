@@ -161,3 +161,15 @@ def test_render_table(report: dict) -> None:
     text = console.export_text()
     pruned_gmacs = report["stages"]["pruned"]["macs"] / 1e9
     assert "baseline" in text and f"{pruned_gmacs:.3f} (" in text and "%" in text
+
+
+def test_widths_plot_groups_many_layers_into_stages():
+    """widths.png stays readable for 100+ groups: per-stage bars (<= 30 stages, deepest module prefix that fits)."""
+    from prunefx.report.plots import _stages, widths_png
+
+    names = [f"layer{i}.{j}.conv{k} out[0:64]" for i in range(1, 5) for j in range(6) for k in range(1, 4)]
+    assert _stages(names)[:3] == ["layer1.0"] * 3 and len(set(_stages(names))) == 24
+    many = [f"blocks.{i}.mlp.fc1 out[0:64]" for i in range(40)]
+    assert set(_stages(many)) == {"blocks"}  # 40 stages would not fit: one level up
+    png = widths_png([{"name": n, "before": 64, "after": 32} for n in names], "resnet, target: flops 0.5")
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"

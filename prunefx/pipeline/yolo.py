@@ -23,8 +23,8 @@ import torch
 import yaml
 from torch import nn
 
-from prunefx._io import atomic_write
-from prunefx.errors import PrunefxError
+from prunefx._io import TRUST_HINT, atomic_write
+from prunefx.errors import PrunefxError, UntrustedFileError
 from prunefx.pipeline.config import ConfigError, PruneSpec, check_keys
 from prunefx.pipeline.rundir import RunDir
 from prunefx.pipeline.stages import check_pruned, prune_source
@@ -130,14 +130,13 @@ class YoloJob:
             if self.task != "detect":
                 raise ConfigError("the embedded synthetic dataset is for detection; give data= for other tasks")
             return
-        _check_data_yaml(Path(self.data))
+        _check_data_yaml(Path(self.data), self.trust_checkpoint)
 
 
 def _model_task(model: str, trust: bool = False) -> str:
     """The ultralytics task of a model yaml or checkpoint, which must resolve or load (never downloaded)."""
     from ultralytics.nn.tasks import guess_model_task, yaml_model_load
 
-    from prunefx.errors import UntrustedFileError
     from prunefx.integrations.ultralytics.model_yaml import check_model_yaml
     from prunefx.integrations.ultralytics.train import load_yolo
 
@@ -176,7 +175,7 @@ def _check_train_args(train: Mapping[str, Any]) -> None:
         raise ConfigError(f"invalid ultralytics argument: {exc}") from exc
 
 
-def _check_data_yaml(path: Path) -> None:
+def _check_data_yaml(path: Path, trust: bool = False) -> None:
     if not path.is_file():
         raise ConfigError(
             f"data yaml {path} not found; give the path of an ultralytics data yaml (train:, val:, "
@@ -186,6 +185,11 @@ def _check_data_yaml(path: Path) -> None:
         d = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
         raise ConfigError(f"data yaml {path} is not valid YAML: {exc}") from exc
+    script = d.get("download") if isinstance(d, dict) else None
+    if isinstance(script, str) and not script.startswith(("http://", "https://")) and not trust:
+        # ultralytics runs it (exec, or bash) when it finds images missing; prunefx never downloads anyway
+        raise UntrustedFileError(f"data yaml {path} has a download: script, which ultralytics would run as code; "
+                                 f"remove the download: key (prunefx never downloads), or {TRUST_HINT}")
     missing = [k for k in ("train", "val", "names") if not isinstance(d, dict) or k not in d]
     if missing:
         raise ConfigError(

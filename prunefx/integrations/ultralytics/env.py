@@ -21,7 +21,7 @@ FONT_NAMES = ("Arial.ttf", "Arial.Unicode.ttf")
 
 def default_config_dir() -> Path:
     """``<repo>/.cache/yolo`` in a source checkout of prunefx, else ``<cwd>/.cache/yolo``."""
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[3]  # prunefx/integrations/ultralytics/env.py -> the checkout
     root = repo if (repo / "pyproject.toml").is_file() else Path.cwd()
     return root / ".cache" / "yolo"
 

@@ -109,7 +109,10 @@ def is_config_argument(arg: str) -> bool:
 
         try:
             data = yaml.safe_load(path.read_text())
-        except (yaml.YAMLError, UnicodeDecodeError):
+        except UnicodeDecodeError as exc:  # the config loader reads text and would not say this
+            raise PrunefxError(f"config {arg} is not a text (UTF-8 YAML) file: {exc}; give a YAML config such as "
+                               "configs/yolo.yaml") from exc
+        except yaml.YAMLError:
             return True  # the config loader says what is wrong
         if isinstance(data, dict) and "backbone" in data and "head" in data and "model" not in data:
             raise PrunefxError(

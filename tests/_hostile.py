@@ -35,6 +35,12 @@ def frozen():
     return nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(3, 4))
 
 
+def big_kernel():
+    """Takes images of 7 px and more."""
+    return nn.Sequential(nn.Conv2d(3, 8, 7), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                         nn.Linear(8, 4))
+
+
 def exits():
     sys.exit(0)
 '''

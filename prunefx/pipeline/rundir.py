@@ -62,10 +62,10 @@ class RunDir:
             return cls._resume(root, config)
         if exist_ok and root.is_dir() and _entries(root):
             check_replaceable(root)  # before the lock file is added to a directory that may not be a run
-            RunLock.acquire(root)
-            check_replaceable(root)  # still a run now that no other run can be writing it
-            for entry in _entries(root):
-                _remove(entry)
+            with RunLock.acquire(root).held_until_error():
+                check_replaceable(root)  # still a run now that no other run can be writing it
+                for entry in _entries(root):
+                    _remove(entry)
         else:
             root = _claim(root, reuse_empty=exist_ok)
             RunLock.acquire(root)
@@ -80,7 +80,11 @@ class RunDir:
         if not (root / STATE).is_file():
             raise RunError(f"cannot resume {root}: it holds no {STATE} (no prunefx run was started there); "
                            "drop resume=true to start a new run, or give the run's name= and project=")
-        RunLock.acquire(root)
+        with RunLock.acquire(root).held_until_error():
+            return cls._resume_locked(root, config)
+
+    @classmethod
+    def _resume_locked(cls, root: Path, config: Mapping[str, Any]) -> RunDir:
         state = read_state(root)
         import yaml
 
@@ -328,6 +332,15 @@ class RunLock:
         os.close(self._fd)  # closing the descriptor releases its flock
         self._fd = None
         self._held.pop(os.path.realpath(self.path), None)
+
+    @contextlib.contextmanager
+    def held_until_error(self) -> Iterator[RunLock]:
+        """Keep the lock after the block, or give it up if the block raises (the run never started)."""
+        try:
+            yield self
+        except BaseException:
+            self.release()
+            raise
 
     @classmethod
     def release_root(cls, root: str | os.PathLike[str]) -> None:

@@ -14,9 +14,12 @@ from pathlib import Path
 import torch
 from typer.testing import CliRunner, Result
 
+import prunefx
 from prunefx.cli.main import app
 
 REPO = Path(__file__).resolve().parents[1]
+# The checkout whose prunefx is under test: subprocesses import the same code as this process.
+PRUNEFX_ROOT = Path(prunefx.__file__).resolve().parents[1]
 RUNNER = CliRunner()
 
 # The factories the SPEC tests name; written into the sandbox (the current directory), as a user's file would be.

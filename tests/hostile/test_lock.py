@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from _hostile import REPO, Sandbox, assert_refused, invoke
+from _hostile import PRUNEFX_ROOT, Sandbox, assert_refused, invoke
 
 from prunefx.pipeline.rundir import LOCK, RunDir, RunError, RunLock
 
@@ -31,7 +31,7 @@ sys.stdin.read()
 
 
 def _holder(project: Path) -> tuple[subprocess.Popen, Path]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PRUNEFX_ROOT), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(project)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True, env=env)
     line = proc.stdout.readline().strip()

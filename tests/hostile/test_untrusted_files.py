@@ -124,6 +124,10 @@ def test_trusted_pickle_runs_and_is_named(sandbox: Sandbox) -> None:
     assert sandbox.marker.exists()
     assert_refused(result, r"holds no ultralytics model")
     sandbox.marker.unlink()
+    result = invoke("prune", "digits_cnn.yaml", f"checkpoint={evil.name}", "project=runs", "trust_checkpoint=true")
+    assert sandbox.marker.exists()
+    assert_refused(result, r"holds no state_dict")
+    sandbox.marker.unlink()
     with pytest.warns(TrustWarning, match=r"evil\.pt with full unpickling"), pytest.raises(PrunefxError):
         load_yolo(evil, trust_checkpoint=True)
     assert sandbox.marker.exists()

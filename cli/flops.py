@@ -14,7 +14,7 @@ from prunefx.integrations.ultralytics.gflops import ultralytics_gflops
 from prunefx.metrics import CONVENTIONS, measure
 from prunefx.metrics import latency as measure_latency
 from prunefx.metrics.latency import CONVENTION as LATENCY_CONVENTION
-from prunefx.spec import FORMS, SIZES, load_spec
+from prunefx.spec import FORMS, SIZES, TRUST_HELP, load_spec
 
 ULTRALYTICS_CONVENTION = (
     "2 x GMACs of one 1 x C x imgsz x imgsz image counted by ultralytics-thop on the unfused model, "
@@ -43,13 +43,14 @@ def flops(
     threads: Annotated[
         int | None, typer.Option(min=1, help="torch threads while timing (default: torch's).")
     ] = None,
+    trust_checkpoint: Annotated[bool, typer.Option("--trust-checkpoint", help=TRUST_HELP)] = False,
     # Read by cli.main's error handler, which is the only code that needs it.
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="On error, also print the traceback.")] = False,
 ) -> None:
     """Count the MACs and FLOPs (= 2 x MACs) of one forward of SPEC, its parameters and size, and optionally time it."""
     if threads is not None and not latency:
         raise typer.BadParameter("only applies to the latency measurement; add --latency.", param_hint="--threads")
-    loaded = load_spec(spec, imgsz=imgsz)
+    loaded = load_spec(spec, imgsz=imgsz, trust_checkpoint=trust_checkpoint)
     image = loaded.example_inputs[0]
     inputs = (image.expand(batch, *image.shape[1:]).contiguous(),)
     cost = measure(loaded.model, inputs, by="leaf")

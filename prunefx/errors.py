@@ -15,3 +15,11 @@ class ShapeError(PrunefxError):
 
 class SpecError(PrunefxError):
     """A model SPEC (``torchvision:resnet50``, a checkpoint path, ...) could not be resolved."""
+
+
+class UntrustedFileError(PrunefxError):
+    """A file would run code to load (full unpickling) or to build (an evaluated model yaml), and is not trusted."""
+
+
+class TrustWarning(UserWarning):
+    """A file is loaded with full unpickling because the caller said it trusts it."""

@@ -105,7 +105,7 @@ def test_bad_yolo_configs_fail_before_any_work(overrides: list[str], message: st
 def test_corrupt_checkpoint_is_an_error(tmp_path: Path) -> None:
     bad = tmp_path / "best.pt"
     bad.write_bytes(b"not a checkpoint")
-    with pytest.raises(ConfigError, match=r"cannot load .*best.pt as an ultralytics checkpoint"):
+    with pytest.raises(ConfigError, match=r"cannot load checkpoint .*best.pt: it is not a torch.save archive"):
         YoloJob.from_config(load_config(YOLO_CONFIG, [f"model={bad}", f"project={tmp_path}"]))
     assert bad.read_bytes() == b"not a checkpoint"  # what the user gave is untouched
 

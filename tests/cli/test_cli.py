@@ -55,7 +55,7 @@ def invoke(*args: str, columns: int = 160):
 
 def test_console_script_is_main() -> None:
     (script,) = [e for e in importlib.metadata.entry_points(group="console_scripts") if e.name == "prunefx"]
-    assert script.value == "cli.main:main"
+    assert script.value == "prunefx.cli.main:main"
 
 
 @pytest.mark.parametrize("command", ["analyze", "flops", "report"])

@@ -146,6 +146,7 @@ class LatencyModel:
         self.layers_full_ms = sum(layer.full_ms for layer in self.layers)
         # isolated layers can add up to more than the whole (per-call overheads counted twice): scale them down
         self.scale = min(1.0, self.base_ms / self.layers_full_ms) if self.layers_full_ms else 1.0
+        self._profiles: dict[int, np.ndarray] = {}
         self.by_group: dict[int, list[int]] = {}
         for i, layer in enumerate(self.layers):
             for g in layer.groups:
@@ -269,25 +270,23 @@ class LatencyModel:
 
     def fast_width(self, gid: int, n: int) -> int:
         """``round_to="auto"``: ``n`` rounded up to a candidate width, then up to the widest candidate that is
-        as fast (within FAST_TOLERANCE of the time), i.e. to the fast edge of the step it falls on."""
+        as fast (within FAST_TOLERANCE of the time this group can save), i.e. to the fast edge of its step."""
         grid = self.grids.get(gid)
         if grid is None:
             return n
-        up = grid[grid >= n]
+        profile = self.profile(gid)
+        up = np.flatnonzero(grid >= n)
         if not len(up):
             return int(grid[-1])
-        first = int(up[0])
-        base = self.full_widths()
-        t0 = self.predict({**base, gid: first})
-        best = first
-        for w in up[1:].tolist():
-            if self.predict({**base, gid: w}) <= t0 + FAST_TOLERANCE * max(t0 - self._floor(gid), 1e-9):
-                best = w
-        return best
+        t0 = profile[up[0]]
+        slack = FAST_TOLERANCE * max(t0 - profile[0], 1e-9)
+        return int(grid[max(i for i in up.tolist() if profile[i] <= t0 + slack)])
 
-    def _floor(self, gid: int) -> float:
-        """Predicted latency with this group at its narrowest candidate (scale for the 'as fast' tolerance)."""
-        return self.predict({**self.full_widths(), gid: int(self.grids[gid][0])})
+    def profile(self, gid: int) -> np.ndarray:
+        """Predicted latency with group ``gid`` at each of its candidate widths and every other group full."""
+        if gid not in self._profiles:
+            self._profiles[gid] = np.array([self.predict({gid: int(w)}) for w in self.grids[gid]])
+        return self._profiles[gid]
 
 
 def latency_widths(

@@ -390,9 +390,11 @@ def meet_latency(
 
     ``plan_for(f)`` plans for a predicted fraction ``f`` of the base latency; ``measure(plan)`` returns the
     measured fraction (and a noise flag). A miss re-plans for ``f * goal / measured`` (then along the secant
-    of the last two rounds), at most ``max_rounds`` plans in all. The plan returned is the first within
-    tolerance, else the slowest one not slower than ``goal * (1 + tolerance)``, else the fastest; its
-    ``estimate`` gains ``latency_ms_measured`` and its ``target`` the asked fraction it was planned for.
+    of the last two rounds; at most 2x per round), at most ``max_rounds`` plans in all; a noisy timing ends the
+    loop (correcting against noise would chase it). The plan returned is the first quiet one within tolerance,
+    else the slowest quiet one not slower than ``goal * (1 + tolerance)``, else the fastest quiet one, else (all
+    noisy) the model's plan for ``goal``; its ``estimate`` gains the measured fraction and its ``target`` the
+    fraction it was planned for.
     """
     if not 0.0 < goal <= 1.0:
         raise PlanError(f"a latency goal is a fraction of the measured latency in (0, 1], got {goal}")
@@ -406,8 +408,8 @@ def meet_latency(
         measured, noise = measure(plan)
         rounds.append(LatencyRound(asked, predicted, measured, noise))
         plans.append(plan)
-        if abs(measured / goal - 1.0) <= tolerance:
-            break
+        if abs(measured / goal - 1.0) <= tolerance or noise:
+            break  # met; or a timing too noisy to correct against (re-planning on it would chase the noise)
         if len(rounds) >= 2 and abs(rounds[-1].predicted - rounds[-2].predicted) > 1e-6 and (
             abs(rounds[-1].measured - rounds[-2].measured) > 1e-6
         ):
@@ -420,21 +422,24 @@ def meet_latency(
         if any(abs(nxt - r.asked) < 1e-4 for r in rounds):
             break  # asking again what was asked before cannot change the plan
         asked = nxt
-    within = [i for i, r in enumerate(rounds) if abs(r.measured / goal - 1.0) <= tolerance]
-    feasible = [i for i, r in enumerate(rounds) if r.measured <= goal * (1.0 + tolerance)]
-    if within:
+    quiet = [i for i, r in enumerate(rounds) if not r.noise]
+    within = [i for i in quiet if abs(rounds[i].measured / goal - 1.0) <= tolerance]
+    feasible = [i for i in quiet if rounds[i].measured <= goal * (1.0 + tolerance)]
+    if not quiet:  # every timing was noisy: keep the model's plan for the goal itself
+        chosen = 0
+    elif within:
         chosen = within[0]
     elif feasible:
         chosen = max(feasible, key=lambda i: rounds[i].measured)
     else:
-        chosen = min(range(len(rounds)), key=lambda i: rounds[i].measured)
+        chosen = min(quiet, key=lambda i: rounds[i].measured)
     r = rounds[chosen]
     met = bool(within)
     note = (
         f"measured {r.measured:.3f} of the base latency for a goal of {goal:g} "
         f"({'within' if met else 'missing'} {tolerance:.0%}) after {len(rounds)} plan(s)"
         + (f"; re-planned {len(rounds) - 1} time(s), the model predicted {r.predicted:.3f}" if len(rounds) > 1 else "")
-        + (f"; {r.noise}" if r.noise else "")
+        + (f"; {r.noise}: not re-planned on it, the plan is the model's for the goal" if r.noise else "")
     )
     plan = plans[chosen]
     estimate = {**plan.estimate, "latency_ratio_planned": r.predicted, "latency_ratio_measured": r.measured,

@@ -18,9 +18,9 @@ from rich.console import Console
 import prunefx
 from prunefx._io import atomic_write
 from prunefx.analysis.view import graph_data
+from prunefx.cli.flops import Backend
 from prunefx.errors import PrunefxError
 from prunefx.integrations.ultralytics.gflops import ultralytics_gflops
-from prunefx.cli.flops import Backend
 from prunefx.metrics import Deployment, compare_latency, measure
 from prunefx.pipeline import run_config
 from prunefx.pipeline.rundir import SCHEMA, STATE, check_replaceable, install, is_run

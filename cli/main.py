@@ -17,6 +17,7 @@ setup_offline()
 
 from prunefx.cli.analyze import analyze
 from prunefx.cli.data import shapes
+from prunefx.cli.export import export
 from prunefx.cli.flops import flops
 from prunefx.cli.prune import prune
 from prunefx.cli.report import report
@@ -73,7 +74,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_show_locals=False,  # locals of a model forward are megabytes of tensors
 )
-for command in (analyze, flops, prune, report):
+for command in (analyze, flops, prune, export, report):
     app.command(cls=_Command)(command)
 data_app = typer.Typer(help="Datasets prunefx generates (nothing is downloaded).", no_args_is_help=True)
 data_app.command(cls=_Command)(shapes)

@@ -6,6 +6,7 @@ import json
 import shutil
 import tempfile
 from collections import Counter
+from dataclasses import asdict
 from enum import Enum
 from pathlib import Path
 from typing import Annotated
@@ -17,10 +18,10 @@ from rich.console import Console
 import prunefx
 from prunefx._io import atomic_write
 from prunefx.analysis.view import graph_data
+from prunefx.cli.flops import Backend
 from prunefx.errors import PrunefxError
 from prunefx.integrations.ultralytics.gflops import ultralytics_gflops
-from prunefx.metrics import latency as measure_latency
-from prunefx.metrics import measure
+from prunefx.metrics import Deployment, compare_latency, measure
 from prunefx.pipeline import run_config
 from prunefx.pipeline.rundir import SCHEMA, STATE, check_replaceable, install, is_run
 from prunefx.report import Stage, build_report, load_report, render_table, write_graph, write_report
@@ -52,16 +53,33 @@ def prune(
         float | None, typer.Option(help="Remove this fraction of the prunable channels, in (0, 1).")
     ] = None,
     params: Annotated[float | None, typer.Option(help="Keep this fraction of the parameters, in (0, 1).")] = None,
+    latency_target: Annotated[
+        float | None,
+        typer.Option(help="Keep this fraction of the latency measured on --backend/--device/--threads, in (0, 1)."),
+    ] = None,
     criterion: Annotated[str, typer.Option(help="Channel importance: bn_scale, l1, l2, taylor, random.")] = "bn_scale",
     scope: Annotated[Scope, typer.Option(help="global threshold or per-layer (local) ratio.")] = Scope.global_,
-    round_to: Annotated[int, typer.Option(min=1, help="Round kept widths up to a multiple of this.")] = 1,
+    round_to: Annotated[
+        str,
+        typer.Option(
+            metavar="N|auto",
+            help="Round kept widths up to a multiple of N, or 'auto': to the fast edge of each measured latency step.",
+        ),
+    ] = "1",
     ignore: Annotated[
         list[str] | None, typer.Option(help="fnmatch pattern of modules to leave alone (repeatable).")
     ] = None,
     imgsz: Annotated[int | None, typer.Option(help=f"Input image size (default: {SIZES}).")] = None,
     out: Annotated[Path | None, typer.Option(help="Run directory (default: runs/prune/<model>).")] = None,
     exist_ok: Annotated[bool, typer.Option(help="Replace an existing run directory (only a prunefx run).")] = False,
-    latency: Annotated[bool, typer.Option(help="Also measure CPU latency before and after.")] = True,
+    latency: Annotated[
+        bool, typer.Option(help="Also time the baseline and the pruned model (alternating rounds) for the report.")
+    ] = True,
+    backend: Annotated[Backend, typer.Option(help="What runs timed forwards (report and latency target).")] = (
+        Backend.torch
+    ),
+    device: Annotated[str, typer.Option(help="Where forwards are timed: cpu, cuda, cuda:N.")] = "cpu",
+    threads: Annotated[int | None, typer.Option(min=1, help="Threads while timing (default: torch's).")] = None,
     trust_checkpoint: Annotated[bool, typer.Option("--trust-checkpoint", help=TRUST_HELP)] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="On error, also print the traceback.")] = False,
 ) -> None:
@@ -78,21 +96,26 @@ def prune(
             f"{spec} is not a pipeline config, so key=value overrides ({overrides[0]}) do not apply; "
             "give a config yaml (configs/yolo.yaml) or use the options (--flops 0.5)"
         )
-    if flops is None and ratio is None and params is None:
+    if flops is None and ratio is None and params is None and latency_target is None:
         flops = 0.5  # the common ask: half the compute
+    rounding = _round_to(round_to)
     config = prunefx.PlanConfig(
-        ratio=ratio, flops=flops, params=params, scope=scope.value, round_to=round_to, ignore=tuple(ignore or ())
+        ratio=ratio, flops=flops, params=params, latency=latency_target, scope=scope.value, round_to=rounding,
+        ignore=tuple(ignore or ()),
     )
-    keeps_all = [f"--{k} {v}" for k, v, full in (("flops", flops, 1.0), ("params", params, 1.0), ("ratio", ratio, 0.0))
-                 if v == full]
+    keeps_all = [f"--{k} {v}" for k, v, full in (("flops", flops, 1.0), ("params", params, 1.0), ("ratio", ratio, 0.0),
+                                                  ("latency-target", latency_target, 1.0)) if v == full]
     if keeps_all:  # the planner accepts these targets; a one-shot prune with them would write an unpruned model
         raise PrunefxError(f"{keeps_all[0]} keeps every channel, so there is nothing to prune; give a target that "
                            "removes some (e.g. --flops 0.5 or --ratio 0.3)")
     run_dir = out or Path("runs/prune") / spec.strip().replace(":", "_").replace("/", "_").replace("\\", "_")
     _check_out(run_dir, exist_ok)  # before any work: refusing later would waste it
+    deployment = Deployment(backend=backend.value, device=device, threads=threads)
+    if latency or latency_target is not None or rounding == "auto":
+        deployment.resolve()  # a missing GPU or onnxruntime fails now, before any work
     loaded = load_spec(spec, imgsz=imgsz, trust_checkpoint=trust_checkpoint)
     _check_train_mode(loaded)
-    _prune_once(loaded, spec, config, criterion, run_dir, latency)
+    _prune_once(loaded, spec, config, criterion, run_dir, latency, deployment)
 
 
 def is_config_argument(arg: str) -> bool:
@@ -167,24 +190,35 @@ def _check_train_mode(loaded: LoadedModel) -> None:
 
 
 def _prune_once(
-    loaded: LoadedModel, spec: str, config: prunefx.PlanConfig, criterion: str, run_dir: Path, latency: bool
+    loaded: LoadedModel,
+    spec: str,
+    config: prunefx.PlanConfig,
+    criterion: str,
+    run_dir: Path,
+    latency: bool,
+    deployment: Deployment,
 ) -> None:
     console = Console()
     model, inputs = loaded.model, loaded.example_inputs
     is_yolo = loaded.kind in ("ultralytics", "checkpoint")
 
-    def stage() -> Stage:
+    def costs() -> tuple:
         extra = {"ultralytics_gflops": ultralytics_gflops(model, tuple(inputs[0].shape[-2:]))} if is_yolo else {}
-        return Stage(measure(model, inputs), measure_latency(model, inputs) if latency else None, extra)
+        return measure(model, inputs), extra
 
     with console.status("measuring the baseline"):
-        baseline = stage()
-    with console.status("analyzing, scoring, planning, rewriting, verifying"):
-        result = prunefx.prune(model, inputs, config, criterion=criterion)
+        base_costs = costs()
+        original = copy.deepcopy(model) if latency else None  # timed next to the pruned model, in alternating rounds
+    status = "measuring latencies, planning against them, " if config.latency is not None else "analyzing, scoring, "
+    with console.status(status + "planning, rewriting, verifying"):
+        result = prunefx.prune(model, inputs, config, criterion=criterion, deployment=deployment)
     if not result.plan.pruned:
         raise _nothing_pruned(result, spec, config)
     with console.status("measuring the pruned model"):
-        pruned = stage()
+        pruned_costs = costs()
+        timed = compare_latency({"baseline": original, "pruned": model}, inputs, deployment) if latency else {}
+    baseline = Stage(base_costs[0], timed.get("baseline"), base_costs[1])
+    pruned = Stage(pruned_costs[0], timed.get("pruned"), pruned_costs[1])
     widths = [(result.graph.groups[g.group].label, g.before, g.after) for g in result.plan.groups]
     report = build_report(
         model=loaded.name,
@@ -197,6 +231,8 @@ def _prune_once(
             "target": result.plan.target,
             "verify": result.verified.message,
             "input_shapes": [list(s) for s in result.plan.input_shapes],
+            **({"latency_target": {"note": result.latency.note, "rounds": [asdict(r) for r in result.latency.rounds]}}
+               if result.latency else {}),
         },
     )
     # state.json marks the directory as a prunefx run (what --exist-ok may replace); complete only if verified.
@@ -232,11 +268,26 @@ def _prune_once(
         raise
     console.print(render_table(report))
     console.print(result.plan.summary())
+    if result.latency is not None:
+        console.print(f"latency target: {result.latency.note}", style="green" if result.latency.met else "yellow")
     style = "green" if result.verified.ok else "bold red"
     console.print(f"[{style}]verify: {result.verified.message}[/{style}]")
     console.print(f"run directory: {run_dir} (report.md, report.html, report.json, plan.json, pruned.pt)")
     if not result.verified.ok:
         raise typer.Exit(1)
+
+
+def _round_to(text: str) -> int | str:
+    """--round-to's value: 'auto' or a positive integer."""
+    if text == "auto":
+        return "auto"
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise typer.BadParameter(f"expected a positive integer or 'auto', got {text!r}", param_hint="--round-to")
+    return value
 
 
 def _nothing_pruned(result: prunefx.PruneResult, spec: str, config: prunefx.PlanConfig) -> PrunefxError:
@@ -254,7 +305,9 @@ def _nothing_pruned(result: prunefx.PruneResult, spec: str, config: prunefx.Plan
         top = "; ".join(f"{r} ({n})" for r, n in reasons.most_common(3))
         return PrunefxError(f"none of the {len(prunable)} prunable groups of {spec} may be pruned: {top}; "
                             "narrow --ignore or change the settings that exclude them")
-    target = ", ".join(f"{k} {v}" for k, v in result.plan.target.items() if k in ("ratio", "flops", "params"))
+    target = ", ".join(
+        f"{k} {v}" for k, v in result.plan.target.items() if k in ("ratio", "flops", "params", "latency")
+    )
     return PrunefxError(f"the target ({target or config}) is already met: the plan removes no channel from {spec}; "
                         "lower it (e.g. --flops 0.5 or --ratio 0.3)")
 

@@ -479,23 +479,25 @@ def _digest(signature: list[tuple[str, tuple[int, ...]]]) -> str:
 
 def _report(ctx: _Ctx, info: dict[str, Any]) -> None:
     from prunefx import load
-    from prunefx.metrics import latency, measure
+    from prunefx.metrics import compare_latency, measure
     from prunefx.report import Stage, build_report, write_report
 
     job, run = ctx.job, ctx.run
     x = job.example()
-
-    def stage(model: nn.Module, metrics: Mapping[str, float]) -> Stage:
-        model = model.cpu().eval()
-        return Stage(measure(model, (x,)), latency(model, (x,)) if job.prune.latency else None, dict(metrics))
-
-    baseline = load_weights(job.factory()(), ctx.weights / "baseline.pt", job.model)
-    stages = {
-        "baseline": stage(baseline, run.done("baseline")["metrics"]),
-        "pruned": stage(load(ctx.weights / "pruned.pt", job.factory()), run.done("prune")["metrics"]),
+    models = {
+        "baseline": load_weights(job.factory()(), ctx.weights / "baseline.pt", job.model),
+        "pruned": load(ctx.weights / "pruned.pt", job.factory()),
     }
+    done = {"baseline": "baseline", "pruned": "prune", "finetuned": "finetune"}
     if not run.done("finetune").get("skipped"):
-        stages["finetuned"] = stage(load(ctx.weights / "finetuned.pt", job.factory()), run.done("finetune")["metrics"])
+        models["finetuned"] = load(ctx.weights / "finetuned.pt", job.factory())
+    models = {name: m.cpu().eval() for name, m in models.items()}
+    # the stages are timed in alternating rounds, so a slow spell of the machine hits them all alike
+    timed = compare_latency(models, (x,)) if job.prune.latency else {}
+    stages = {
+        name: Stage(measure(m, (x,)), timed.get(name), dict(run.done(done[name])["metrics"]))
+        for name, m in models.items()
+    }
     pr = run.done("prune")
     split = getattr(ctx.data, job.eval_split)
     settings = {

@@ -445,28 +445,31 @@ def _finetune(ctx: _Ctx, info: dict[str, Any]) -> None:
 def _report(ctx: _Ctx, info: dict[str, Any]) -> None:
     from prunefx.integrations.ultralytics.gflops import ultralytics_gflops
     from prunefx.integrations.ultralytics.train import load_yolo
-    from prunefx.metrics import latency, measure
+    from prunefx.metrics import Deployment, compare_latency, measure
     from prunefx.report import Stage, build_report, write_report
 
     job, run = ctx.job, ctx.run
     x = ctx.example()
+    sources = {"baseline": ("baseline.pt", "baseline"), "pruned": ("pruned.pt", "prune")}
+    if not run.done("finetune").get("skipped"):
+        sources["finetuned"] = ("best.pt", "finetune")
+    models = {
+        name: load_yolo(ctx.weights / file, trust_checkpoint=job.trust_checkpoint).eval()
+        for name, (file, _) in sources.items()
+    }
+    # Every core: ultralytics leaves torch at fewer threads after training; the report states the count.
+    # The stages are timed in alternating rounds, so a slow spell of the machine hits them all alike.
+    timed = compare_latency(models, (x,), Deployment(threads=os.cpu_count())) if job.prune.latency else {}
 
-    def stage(weights: Path, metrics: Mapping[str, float]) -> Stage:
-        model = load_yolo(weights, trust_checkpoint=job.trust_checkpoint).eval()
+    def stage(name: str) -> Stage:
+        model = models[name]
         extra = {
             "yolo_gflops@640": ultralytics_gflops(model, 640),
             f"yolo_gflops@{job.imgsz}": ultralytics_gflops(model, job.imgsz),
         }
-        # Every core: ultralytics leaves torch at fewer threads after training; the report states the count.
-        lat = latency(model, (x,), threads=os.cpu_count()) if job.prune.latency else None
-        return Stage(measure(model, (x,)), lat, {**metrics, **extra})
+        return Stage(measure(model, (x,)), timed.get(name), {**run.done(sources[name][1])["metrics"], **extra})
 
-    stages = {
-        "baseline": stage(ctx.weights / "baseline.pt", run.done("baseline")["metrics"]),
-        "pruned": stage(ctx.weights / "pruned.pt", run.done("prune")["metrics"]),
-    }
-    if not run.done("finetune").get("skipped"):
-        stages["finetuned"] = stage(ctx.weights / "best.pt", run.done("finetune")["metrics"])
+    stages = {name: stage(name) for name in sources}
     pr = run.done("prune")
     settings = {
         "config": dict(job.config),

@@ -51,7 +51,7 @@ def test_override_into_a_scalar_is_an_error() -> None:
         ({"target": {"flops": 0.5, "ratio": 0.2}}, "exactly one of ratio, flops, params"),
         ({"target": {"flop": 0.5}}, r"did you mean 'flops'"),
         ({"target": {"flops": "half"}}, "must be a number"),
-        ({"round_to": 0}, "round_to must be >= 1"),
+        ({"round_to": 0}, "round_to must be an integer >= 1"),
         ({"sparsity": {"epochs": -1}}, "epochs must be >= 0"),
         ({"sparsity": {"schedule": "cosine"}}, "'constant' or 'target'"),
         ({"sparsity": {"start": "pretrained"}}, "'baseline' or 'scratch'"),

@@ -1,12 +1,6 @@
 """``prunefx prune SPEC``: analyze -> score -> plan -> rewrite -> verify -> save -> report, in one run directory."""
 
 import copy
-import datetime
-import json
-import shutil
-import tempfile
-from collections import Counter
-from dataclasses import asdict
 from enum import Enum
 from pathlib import Path
 from typing import Annotated
@@ -16,15 +10,16 @@ import typer
 from rich.console import Console
 
 import prunefx
-from prunefx._io import atomic_write
-from prunefx.analysis.view import graph_data
 from prunefx.cli.flops import Backend
 from prunefx.errors import PrunefxError
-from prunefx.integrations.ultralytics.gflops import ultralytics_gflops
-from prunefx.metrics import Deployment, compare_latency, measure
+from prunefx.metrics import Deployment
 from prunefx.pipeline import run_config
-from prunefx.pipeline.rundir import SCHEMA, STATE, check_replaceable, install, is_run
-from prunefx.report import Stage, build_report, load_report, render_table, write_graph, write_report
+from prunefx.pipeline.backends.spec import run_spec
+from prunefx.pipeline.config import PruneSpec, RunOptions
+from prunefx.pipeline.rundir import check_replaceable, is_run
+from prunefx.pipeline.runner import ONE_SHOT, Job
+from prunefx.plan import PruningPlan
+from prunefx.report import load_report, render_table
 from prunefx.spec import FORMS, SIZES, TRUST_HELP, LoadedModel, load_spec
 
 CONFIG_SUFFIXES = (".yaml", ".yml")
@@ -96,10 +91,9 @@ def prune(
             f"{spec} is not a pipeline config, so key=value overrides ({overrides[0]}) do not apply; "
             "give a config yaml (configs/yolo.yaml) or use the options (--flops 0.5)"
         )
-    if flops is None and ratio is None and params is None and latency_target is None:
-        flops = 0.5  # the common ask: half the compute
     rounding = _round_to(round_to)
-    config = prunefx.PlanConfig(
+    config = prunefx.PlanConfig(  # no target given: PlanConfig's own default (half the FLOPs)
+
         ratio=ratio, flops=flops, params=params, latency=latency_target, scope=scope.value, round_to=rounding,
         ignore=tuple(ignore or ()),
     )
@@ -198,83 +192,25 @@ def _prune_once(
     latency: bool,
     deployment: Deployment,
 ) -> None:
+    """The pipelines' stage loop without training (baseline -> prune -> report), run directory built aside."""
     console = Console()
-    model, inputs = loaded.model, loaded.example_inputs
-    is_yolo = loaded.kind in ("ultralytics", "checkpoint")
-
-    def costs() -> tuple:
-        extra = {"ultralytics_gflops": ultralytics_gflops(model, tuple(inputs[0].shape[-2:]))} if is_yolo else {}
-        return measure(model, inputs), extra
-
-    with console.status("measuring the baseline"):
-        base_costs = costs()
-        original = copy.deepcopy(model) if latency else None  # timed next to the pruned model, in alternating rounds
+    prune_spec = PruneSpec(criterion=criterion, plan=config, latency=latency)
+    job = Job(prune=prune_spec, run=RunOptions(project=str(run_dir.parent), name=run_dir.name),
+              config={"spec": spec, "prune": prune_spec.to_dict()}, stages=ONE_SHOT)
     status = "measuring latencies, planning against them, " if config.latency is not None else "analyzing, scoring, "
-    with console.status(status + "planning, rewriting, verifying"):
-        result = prunefx.prune(model, inputs, config, criterion=criterion, deployment=deployment)
-    if not result.plan.pruned:
-        raise _nothing_pruned(result, spec, config)
-    with console.status("measuring the pruned model"):
-        pruned_costs = costs()
-        timed = compare_latency({"baseline": original, "pruned": model}, inputs, deployment) if latency else {}
-    baseline = Stage(base_costs[0], timed.get("baseline"), base_costs[1])
-    pruned = Stage(pruned_costs[0], timed.get("pruned"), pruned_costs[1])
-    widths = [(result.graph.groups[g.group].label, g.before, g.after) for g in result.plan.groups]
-    report = build_report(
-        model=loaded.name,
-        baseline=baseline,
-        pruned=pruned,
-        widths=widths,
-        settings={
-            "spec": spec,
-            "criterion": criterion,
-            "target": result.plan.target,
-            "verify": result.verified.message,
-            "input_shapes": [list(s) for s in result.plan.input_shapes],
-            **({"latency_target": {"note": result.latency.note, "rounds": [asdict(r) for r in result.latency.rounds]}}
-               if result.latency else {}),
-        },
-    )
-    # state.json marks the directory as a prunefx run (what --exist-ok may replace); complete only if verified.
-    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    state = {
-        "schema": SCHEMA,
-        "kind": "prune",
-        "status": "complete" if result.verified.ok else "failed",
-        "created": now,
-        "finished": now,
-        "stages": {"prune": {"spec": spec, "verify": result.verified.message}},
-        "error": None if result.verified.ok else {"stage": "prune", "type": "VerifyFailed",
-                                                  "message": result.verified.message},
-    }
-
-    # Build the run in a sibling temp dir and move it into place: a half-written run never looks finished.
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=run_dir.parent, prefix=f".{run_dir.name}."))
-    try:
-        atomic_write(tmp / "plan.json", result.plan.to_json().encode())
-        write_graph(tmp, graph_data(result.graph, result.plan))  # report.html draws the graph from it
-        if is_yolo:
-            from prunefx.integrations.ultralytics.io import save_yolo
-
-            save_yolo(model, tmp / "pruned.pt", plan=result.plan)
-        else:
-            prunefx.save(model, result.plan, tmp / "pruned.pt")
-        write_report(tmp, report)
-        atomic_write(tmp / STATE, json.dumps(state, indent=2).encode())
-        install(tmp, run_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with console.status(status + "planning, rewriting, verifying, measuring"):
+        run = run_spec(job, loaded, run_dir, deployment=deployment, log=lambda _msg: None)
+    report = load_report(run.root)
+    pruned = run.done("prune")
     console.print(render_table(report))
-    console.print(result.plan.summary())
-    if result.latency is not None:
-        console.print(f"latency target: {result.latency.note}", style="green" if result.latency.met else "yellow")
-    style = "green" if result.verified.ok else "bold red"
-    console.print(f"[{style}]verify: {result.verified.message}[/{style}]")
-    console.print(f"run directory: {run_dir} (report.md, report.html, report.json, plan.json, pruned.pt)")
-    if not result.verified.ok:
-        raise typer.Exit(1)
+    console.print(PruningPlan.from_json((run.root / "plan.json").read_text()).summary())
+    if pruned.get("latency_target"):
+        met = pruned["latency_target"]["met"]
+        console.print(f"latency target: {pruned['latency_target']['note']}", style="green" if met else "yellow")
+    for warning in report["warnings"]:
+        console.print(f"[yellow]warning: {warning}[/yellow]")
+    console.print(f"[green]verify: {pruned['verify']}[/green]")
+    console.print(f"run directory: {run.root} (report.md, report.html, report.json, plan.json, pruned.pt)")
 
 
 def _round_to(text: str) -> int | str:
@@ -288,28 +224,6 @@ def _round_to(text: str) -> int | str:
     if value < 1:
         raise typer.BadParameter(f"expected a positive integer or 'auto', got {text!r}", param_hint="--round-to")
     return value
-
-
-def _nothing_pruned(result: prunefx.PruneResult, spec: str, config: prunefx.PlanConfig) -> PrunefxError:
-    """Why a plan removes no channel: nothing is prunable, every prunable group was left out, or the target is met."""
-    groups = result.graph.groups
-    prunable = [g for g in groups if g.prunable]
-    if not prunable:
-        reasons = Counter(r for g in groups for r in g.reasons)
-        top = "; ".join(f"{r} ({n})" for r, n in reasons.most_common(3)) or "no channel groups"
-        return PrunefxError(f"nothing in {spec} can be pruned: all {len(groups)} channel groups are frozen ({top}); "
-                            f"`prunefx analyze {spec}` lists them")
-    skipped = dict(result.plan.skipped)
-    if all(g.id in skipped for g in prunable):
-        reasons = Counter(skipped[g.id] for g in prunable)
-        top = "; ".join(f"{r} ({n})" for r, n in reasons.most_common(3))
-        return PrunefxError(f"none of the {len(prunable)} prunable groups of {spec} may be pruned: {top}; "
-                            "narrow --ignore or change the settings that exclude them")
-    target = ", ".join(
-        f"{k} {v}" for k, v in result.plan.target.items() if k in ("ratio", "flops", "params", "latency")
-    )
-    return PrunefxError(f"the target ({target or config}) is already met: the plan removes no channel from {spec}; "
-                        "lower it (e.g. --flops 0.5 or --ratio 0.3)")
 
 
 def _plain(value: object) -> object:

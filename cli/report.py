@@ -7,7 +7,7 @@ import typer
 from rich.console import Console
 
 from prunefx.errors import PrunefxError
-from prunefx.pipeline.rundir import STATE, read_state
+from prunefx.pipeline.rundir import check_finished
 from prunefx.report import load_report, render_table, write_report, write_report_html
 
 
@@ -25,8 +25,7 @@ def report(
         what = "does not exist" if not run_dir.exists() else "is a file, not a directory"
         raise PrunefxError(f"{run_dir} {what}; give the directory of a pruning run (the one holding report.json, "
                            "e.g. runs/prune/yolo)")
-    if (run_dir / STATE).exists():
-        read_state(run_dir)  # a damaged state.json is an error here, not a traceback in the report's checks
+    check_finished(run_dir)  # a run (it has a state.json) counts only once its last stage finished
     data = load_report(run_dir)
     console = Console()
     console.print(render_table(data))

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import copy
 import csv
-import json
 import os
 import platform
 import statistics
@@ -25,7 +24,8 @@ from typing import Any
 
 import torch
 
-from prunefx.pipeline.classify import ClassifyJob, run_classify
+from prunefx.pipeline.backends.classify import ClassifyJob, run_classify
+from prunefx.pipeline.rundir import RunDir, RunError
 from prunefx.report import load_report
 
 # The recipes measured. Everything a run does is in its config.yaml under --runs.
@@ -109,9 +109,9 @@ def _run(config: dict[str, Any]) -> tuple[Path, float]:
 
     root = Path(config["project"]) / config["name"]
     try:
-        state = json.loads((root / "state.json").read_text())
+        state = RunDir.reload(root).state
         same = yaml.safe_load((root / "config.yaml").read_text()) == config
-    except (OSError, ValueError):
+    except (OSError, ValueError, RunError):
         state, same = {}, False
     if same and state.get("status") == "complete":
         print(f"    reusing the finished run {root}", flush=True)
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> Path:
             for target, root, seconds in (("2x", root2, s2), ("4x", root4, s4)):
                 rep = load_report(root)
                 st = rep["stages"]
-                state = json.loads((root2 / "state.json").read_text())
+                state = RunDir.reload(root2).state
                 rows.append(
                     {
                         "dataset": dataset,

@@ -246,7 +246,8 @@ def run_dataset(
                     grid.baseline_epochs,
                     BASE_LR,
                     seed,
-                    SparsityConfig(s=s, target=target, select=select),
+                    SparsityConfig(s=s, schedule="constant" if target is None else "target", target=target or 0.5,
+                                   selective=select is not None),
                 )
                 if ("sparse", label, 1.0) in todo[label]:
                     row("sparse", label, 1.0, seed, sparse, t0, top1_full=top1(sparse, data))

@@ -88,7 +88,7 @@ def control(kind: str, model: str, target: float, runs: Path, extra: list[str], 
     from prunefx.integrations.ultralytics.io import save_yolo
     from prunefx.integrations.ultralytics.train import load_yolo, param_count, train_yolo
     from prunefx.pipeline import load_config
-    from prunefx.pipeline.yolo import YoloJob, evaluate_yolo, resolve_data
+    from prunefx.pipeline.backends.yolo import YoloJob, evaluate_yolo, resolve_data
 
     name = f"{model}-{kind}{target:g}"
     job = YoloJob.from_config(load_config(CONFIG, [*extra, f"model={model}.yaml", f"project={runs}", f"name={name}"]))
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> Path:
     stem = args.stem or ("yolo_synthetic_quick" if args.quick else "yolo_synthetic")
     extra = [*(QUICK if args.quick else []), *args.set]
     from prunefx.pipeline import load_config
-    from prunefx.pipeline.yolo import YoloJob
+    from prunefx.pipeline.backends.yolo import YoloJob
 
     job = YoloJob.from_config(load_config(CONFIG, extra))  # validates the overrides before any training
     # start=scratch trains the sparse model from the model yaml, so every target trains its own (identical) baseline

@@ -55,6 +55,8 @@ def prune(
 ) -> PruneResult:
     """Prune ``model`` in place to ``config``'s target and (with ``check``) verify it against the masked original.
 
+    ``config`` defaults to ``PlanConfig()``: keep half the FLOPs.
+
     ``bias_compensation`` (default: on for ``bn_scale``) folds the removed channels' mean contribution
     into their consumers first; the oracle then checks against the equally compensated original.
     A latency target (``PlanConfig(latency=0.5)``) or ``round_to="auto"`` is measured on ``deployment``
@@ -67,7 +69,7 @@ def prune(
     """
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
-    config = config or PlanConfig(ratio=0.3)
+    config = config or PlanConfig()  # its default target: plan.config.DEFAULT_TARGET
     dg = analyze(model, example_inputs)
     scores = score(model, dg, criterion, **score_kwargs)
     needs_cost = config.flops is not None or config.params is not None

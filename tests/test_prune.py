@@ -119,7 +119,8 @@ def test_ignore_and_overrides():
         dict(ratio=-0.1),
         dict(flops=0.0),
         dict(flops=1.5),
-        dict(),
+        dict(scope="layer"),
+        dict(ignore=[3]),
         dict(ratio=0.5, flops=0.5),
         dict(ratio=0.5, round_to=0),
         dict(ratio=0.5, min_channels=0),
@@ -128,6 +129,11 @@ def test_ignore_and_overrides():
 def test_bad_config_is_rejected(kwargs):
     with pytest.raises(PlanError):
         PlanConfig(**kwargs)
+
+
+def test_the_default_target_is_stated_once():
+    assert PlanConfig() == PlanConfig(flops=0.5) and PlanConfig(ratio=0.3).flops is None
+    assert PlanConfig(ignore=["a.*"]).ignore == ("a.*",)  # lists from YAML/JSON are stored as tuples
 
 
 def test_plan_for_another_model_fails_before_touching_anything():

@@ -32,14 +32,12 @@ from pathlib import Path
 from typing import Any
 
 from prunefx._io import atomic_write
-from prunefx.pipeline.config import ConfigError, dump_config
+from prunefx.pipeline.config import RUN_KEYS, ConfigError, dump_config
 
 STATE = "state.json"
 CONFIG = "config.yaml"
 LOCK = ".lock"
 SCHEMA = "prunefx.run/1"
-# Keys that choose how to open the run rather than what it computes: they may differ when resuming.
-RUN_KEYS = ("resume", "exist_ok", "name", "project", "trust_checkpoint")
 
 
 class RunError(ConfigError):
@@ -129,14 +127,23 @@ class RunDir:
         try:
             yield info
         except BaseException as exc:
-            self.state["status"] = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
-            self.state["error"] = {"stage": name, "type": type(exc).__name__, "message": str(exc)[:2000]}
-            self._save()
+            self.fail(exc, stage=name)
             raise
         info["seconds"] = round(time.perf_counter() - start, 2)
         info["finished"] = _now()
         self.state["stages"][name] = info
         self.state.pop("current", None)
+        self._save()
+
+    @classmethod
+    def reload(cls, root: Path) -> RunDir:
+        """The run at ``root`` as its ``state.json`` says now (another process may have advanced it)."""
+        return cls(Path(root), read_state(root))
+
+    def fail(self, exc: BaseException, *, stage: str | None) -> None:
+        """Record that the run stopped with ``exc`` in ``stage`` (e.g. a failed worker, seen by the parent)."""
+        self.state["status"] = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+        self.state["error"] = {"stage": stage, "type": type(exc).__name__, "message": str(exc)[:2000]}
         self._save()
 
     def complete(self) -> None:
@@ -215,6 +222,21 @@ def read_state(root: str | os.PathLike[str]) -> dict[str, Any]:
         raise RunError(f"{path} is not a prunefx run state (expected a mapping with schema {SCHEMA} and "
                        "stages); start a new run")
     return state
+
+
+def check_finished(root: str | os.PathLike[str]) -> None:
+    """Refuse a run (a directory with a state.json) whose last stage has not finished."""
+    if not (Path(root) / STATE).exists():
+        return  # not a prunefx run: a report written by other means
+    state = read_state(root)
+    if state.get("status") != "complete":
+        err = state.get("error") or {}
+        detail = f"{err.get('type')}: {str(err.get('message', ''))[:200]}"
+        where = f" in stage {err['stage']!r} ({detail})" if err.get("stage") else ""
+        raise RunError(
+            f"the run in {root} is not complete (status {state.get('status')!r}{where}); "
+            "continue it with the same config plus resume=true"
+        )
 
 
 def install(tmp: str | os.PathLike[str], root: str | os.PathLike[str]) -> Path:
@@ -362,6 +384,7 @@ def _read_owner(fd: int) -> str:
 
 
 def _strip(config: Mapping[str, Any]) -> dict[str, Any]:
+    # Keys that choose how to open the run rather than what it computes: they may differ when resuming.
     return {k: v for k, v in config.items() if k not in RUN_KEYS}
 
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from prunefx._config import check_fields
 from prunefx.errors import PrunefxError
 
 TARGETS = ("ratio", "flops", "params", "latency")
+DEFAULT_TARGET = ("flops", 0.5)  # the common ask: half the compute
 
 
 class PlanError(PrunefxError):
@@ -20,8 +22,9 @@ class PlanConfig:
 
     ratio: fraction of prunable channels to remove, in [0, 1). flops / params / latency: fraction of the
     model's MACs / parameters / measured latency to KEEP, in (0, 1] ("flops: 0.5" keeps half; latency is
-    measured on a deployment, see ``prunefx.prune``). scope "global": one score threshold over every group
-    (network slimming), or for latency the greedy latency planner; "local": each group loses the same fraction.
+    measured on a deployment, see ``prunefx.prune``). No target given: ``DEFAULT_TARGET``, the one default of
+    the API, the CLI and the pipeline configs. scope "global": one score threshold over every group (network
+    slimming), or for latency the greedy latency planner; "local": each group loses the same fraction.
     """
 
     ratio: float | None = None
@@ -39,17 +42,18 @@ class PlanConfig:
     graph_rewrite: bool = False  # allow rewriting literal channel counts in the traced graph
 
     def __post_init__(self) -> None:
+        check_fields(self, error=PlanError)
         targets = [k for k in TARGETS if getattr(self, k) is not None]
-        if len(targets) != 1:
-            raise PlanError(f"give exactly one target (ratio, flops, params or latency), got {targets or 'none'}")
+        if not targets:
+            object.__setattr__(self, *DEFAULT_TARGET)  # frozen: set once, here, before anyone sees it
+        elif len(targets) != 1:
+            raise PlanError(f"give exactly one target (ratio, flops, params or latency), got {targets}")
         if self.ratio is not None and not 0.0 <= self.ratio < 1.0:
             raise PlanError(f"ratio must be in [0, 1) (fraction of channels removed), got {self.ratio}")
         for k in ("flops", "params", "latency"):
             v = getattr(self, k)
             if v is not None and not 0.0 < v <= 1.0:
                 raise PlanError(f"{k} must be in (0, 1] (fraction of the model's {k} kept), got {v}")
-        if self.scope not in ("global", "local"):
-            raise PlanError(f"scope must be 'global' or 'local', got {self.scope!r}")
         if self.min_channels < 1:
             raise PlanError(f"min_channels must be >= 1 (a group is never pruned to zero), got {self.min_channels}")
         if not 0.0 < self.max_ratio <= 1.0:

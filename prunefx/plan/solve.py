@@ -152,6 +152,7 @@ def make_plan(
             "or call prunefx.prune, which measures them on its deployment"
         )
 
+    raw = scores
     if cfg.scope == "global":
         # One global ranking; equal scores (fresh BatchNorms all have gamma 1) are broken by relative
         # position inside the group, so ties are pruned evenly across groups instead of group by group.
@@ -188,21 +189,20 @@ def make_plan(
         masks = masks_for(knob)
 
     groups = []
+    raw_sorted = np.sort(np.concatenate([np.asarray(raw[g], dtype=np.float64) for g in eligible])) if eligible else None
     for gid in eligible:
         m = masks[gid]
         c = dg.groups[gid].channels
         if planned:
             n = int(m.sum())
             why = f"latency: width {n} of {c} (measured candidates {_grid_text(latency.grids.get(gid))})"
+        elif cfg.scope == "global":
+            why = _global_why(np.asarray(raw[gid], dtype=np.float64), scores[gid] <= knob, raw_sorted, knob)
+            n_raw = int((scores[gid] > knob).sum())
+            if int(m.sum()) != n_raw:
+                why += f"; kept {int(m.sum())} instead of {n_raw} (min_channels / max_ratio / round_to / a tie)"
         else:
-            why = (
-                f"global rank > {int(knob)} of {total}"
-                if cfg.scope == "global"
-                else f"ratio {(_override(dg, gid, cfg) or knob):.3f}"
-            )
-        n_raw = int((scores[gid] > knob).sum()) if cfg.scope == "global" and not planned else None
-        if n_raw is not None and int(m.sum()) != n_raw:
-            why += f"; clamped/rounded to {int(m.sum())}"
+            why = f"ratio {(_override(dg, gid, cfg) or knob):.3f}"
         keep = tuple(np.flatnonzero(m).tolist())
         groups.append(GroupPlan(gid, c, int(m.sum()), keep, why, dg.groups[gid].label))
     target = {k: getattr(cfg, k) for k in TARGETS if getattr(cfg, k) is not None}
@@ -229,6 +229,15 @@ def _grid_text(grid: np.ndarray | None) -> str:
     if grid is None or not len(grid):
         return "none"
     return ",".join(map(str, grid.tolist())) if len(grid) <= 6 else f"{grid[0]},{grid[1]},...,{grid[-1]}"
+
+
+def _global_why(raw: np.ndarray, below: np.ndarray, raw_sorted: np.ndarray, knob: float) -> str:
+    """Why a group loses what it loses under one global threshold: its scores against that threshold."""
+    stats = f"its scores: min {raw.min():.3g}, median {np.median(raw):.3g}, max {raw.max():.3g}"
+    if knob < 0:
+        return f"no channel is below the global threshold ({stats})"
+    threshold = raw_sorted[min(int(knob), len(raw_sorted) - 1)]
+    return f"{int(below.sum())} of {len(raw)} channels score at or below the global threshold {threshold:.3g} ({stats})"
 
 
 def _bisect(measure_fn, masks_for, goal: float, increasing: bool, all_scores: np.ndarray, scope: str) -> float:

@@ -107,11 +107,13 @@ def _sweep_section(sweep: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def render_markdown(report: Mapping[str, Any], plots: Sequence[str] = ()) -> str:
-    """The human-readable report.md: results table, changes, widths, sweep, plots, conventions, machine."""
+    """The human-readable report.md: warnings, results table, changes, widths, sweep, plots, conventions, machine."""
     stages = report["stages"]
     metrics = _metric_names(stages)
     lines = [f"# Pruning report: {report['model']}", ""]
     lines += [f"Created {report['created']} with prunefx {report['prunefx']}.", ""]
+    if report.get("warnings"):
+        lines += ["## Warnings", "", *(f"- **warning**: {w}" for w in report["warnings"]), ""]
     lines += _md_table(["stage", *_COST_COLUMNS, *metrics], [[name, *_row(s, metrics)] for name, s in stages.items()])
     lines += ["", "Costs show the relative change vs baseline in parentheses, metrics the absolute change.", ""]
     lines += _timing_line(report.get("timing"))

@@ -60,6 +60,10 @@ def test_every_stage_from_the_model_yaml(tmp_path: Path) -> None:
               "widths.png",
               "weights/baseline.pt", "weights/sparse.pt", "weights/pruned.pt", "weights/best.pt", "weights/last.pt"):
         assert (run / f).is_file(), f
+    for name, trained in (("baseline", "baseline/weights/best"), ("sparse", "sparsity/weights/last"),
+                          ("best", "finetune/weights/best"), ("last", "finetune/weights/last")):
+        # the trainer's own file under a second name, not a second copy of its bytes (issue 12, item 9)
+        assert (run / f"weights/{name}.pt").samefile(run / f"train/{trained}.pt"), name
     state = json.loads((run / "state.json").read_text())
     assert state["status"] == "complete" and list(state["stages"]) == [
         "baseline",
@@ -69,7 +73,7 @@ def test_every_stage_from_the_model_yaml(tmp_path: Path) -> None:
         "report",
     ]
     # Logged by the hook only once BNSparsity is attached to the trainer's optimizer: the penalty really ran.
-    assert state["stages"]["sparsity"]["gammas"][0]["s"] == pytest.approx(2e-3)
+    assert state["stages"]["sparsity"]["history"][0]["s"] == pytest.approx(2e-3)
 
     report = load_report(run)
     validate_report(report)
@@ -145,7 +149,7 @@ def test_sparsity_from_scratch_retraces_the_baseline_when_the_penalty_is_zero(tm
 def test_interrupted_run_resumes_after_the_last_finished_stage(
     tmp_path: Path, checkpoint: Path, data_yaml: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import prunefx.pipeline.yolo as pipeline
+    import prunefx.pipeline.runner as pipeline
 
     args = [
         *TINY,
@@ -207,10 +211,9 @@ def test_bad_inputs_exit_2_without_a_finished_looking_run(tmp_path: Path, checkp
         result = _prune(*base, *extra, "name=bad")
         assert result.exit_code == 2 and message in result.output.replace("\n", ""), result.output
     assert not (tmp_path / "bad").exists()
-    met = _prune(*base, "prune.target.flops=1.0", "name=met")  # target already met: found after the baseline stage
-    assert met.exit_code == 2 and "already met" in met.output.replace("\n", ""), met.output
-    assert json.loads((tmp_path / "met/state.json").read_text())["status"] == "failed"
-    assert not (tmp_path / "met/report.json").exists()
+    met = _prune(*base, "prune.target.flops=1.0", "name=met")  # keeps everything: refused before any work
+    assert met.exit_code == 2 and "keeps the whole model" in met.output.replace("\n", ""), met.output
+    assert not (tmp_path / "met").exists()
     wrong_nc = tmp_path / "wrong.yaml"
     wrong_nc.write_text(data_yaml.read_text().replace("3: cross", "3: cross\n  4: ring"))
     assert "ring" in wrong_nc.read_text()

@@ -122,9 +122,10 @@ def test_unknown_size_is_null_not_zero() -> None:
         (lambda r: r["stages"]["pruned"].update(flops=1), "must be 2 x macs"),
         (lambda r: r.update(schema="other/9"), "schema: expected 'prunefx.report/1'"),
         (lambda r: r["stages"]["baseline"]["latency"].pop("median_ms"), "latency: missing 'median_ms'"),
-        (lambda r: r["stages"]["baseline"]["metrics"].update(top1="high"), "metrics.top1: expected number"),
-        (lambda r: r["widths"][0].update(after=None), r"widths\[0\].after: expected int"),
-        (lambda r: r.update(sweep={}), "sweep: expected a list"),
+        (lambda r: r["stages"]["baseline"]["metrics"].update(top1="high"), "metrics.top1 must be a number"),
+        (lambda r: r["widths"][0].update(after=None), r"widths\[0\].after must be an integer, got None"),
+        (lambda r: r.update(sweep={}), "sweep must be a list"),
+        (lambda r: r.update(extra=1), "unknown key in Report: 'extra'"),
         (lambda r: r["stages"]["pruned"]["delta"]["macs"].update(rel="x"), "delta.macs"),
     ],
 )
@@ -142,7 +143,7 @@ def test_load_report_errors(tmp_path: Path) -> None:
     with pytest.raises(ReportError, match="not valid JSON"):
         load_report(tmp_path)
     (tmp_path / "report.json").write_text(json.dumps({"schema": "prunefx.report/1"}))
-    with pytest.raises(ReportError, match="stages: expected an object"):
+    with pytest.raises(ReportError, match="Report: missing 'model', .*'stages'"):
         load_report(tmp_path)
 
 

@@ -22,7 +22,7 @@ from torch import nn
 
 from prunefx.errors import PrunefxError
 from prunefx.integrations.ultralytics.io import load_yolo
-from prunefx.train.sparsity import BNSparsity, TargetSparsity, sparsity_stats
+from prunefx.train.sparsity import BNSparsity, SparsityConfig, sparsity_stats
 
 
 def trainer_class(task: str) -> type:
@@ -39,18 +39,6 @@ def trainer_class(task: str) -> type:
     if task not in trainers:
         raise PrunefxError(f"no ultralytics trainer for task {task!r}; known: {', '.join(trainers)}")
     return trainers[task]
-
-
-@dataclass
-class SparsityConfig:
-    """What ``TrainHooks`` attaches: ``s`` (or a TargetSparsity schedule when ``target`` is set), BNs left out."""
-
-    s: float
-    exclude: tuple[str, ...] = ()
-    target: float | None = None
-    threshold: float = 1e-2
-    s_max: float = 3e-2
-    select: float | None = None  # penalise only this fraction, the smallest gammas (BNSparsity's select)
 
 
 @dataclass
@@ -83,19 +71,9 @@ class TrainHooks:
             )
         if self.sparsity is None:
             return
-        sp = self.sparsity
-        schedule = None
-        if sp.target is not None:
-            steps_per_epoch = max(1, len(trainer.train_loader) // max(1, trainer.accumulate))
-            schedule = TargetSparsity(
-                target=sp.target,
-                threshold=sp.threshold,
-                s_max=sp.s_max,
-                total_steps=max(1, steps_per_epoch * (trainer.epochs - trainer.start_epoch)),
-            )
-        self._sp = BNSparsity(model, sp.s, exclude=sp.exclude, schedule=schedule, select=sp.select).attach(
-            trainer.optimizer
-        )
+        steps_per_epoch = max(1, len(trainer.train_loader) // max(1, trainer.accumulate))
+        total = steps_per_epoch * (trainer.epochs - trainer.start_epoch)
+        self._sp = self.sparsity.regularizer(model, total).attach(trainer.optimizer)
 
     def on_train_epoch_end(self, trainer: Any) -> None:
         if self._sp is None:

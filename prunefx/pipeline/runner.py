@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, Self
 
 import numpy as np
 import torch
@@ -27,11 +27,13 @@ from torch import nn
 
 from prunefx._config import ConfigError
 from prunefx._io import atomic_write
+from prunefx.analysis import DependencyGraph
 from prunefx.errors import PrunefxError
 from prunefx.metrics import Deployment
 from prunefx.pipeline.config import PruneSpec, RunOptions, StageSpec
 from prunefx.pipeline.diagnose import score_warnings, sparsity_warnings
 from prunefx.pipeline.rundir import RunDir
+from prunefx.plan import PruningPlan
 from prunefx.train.distributed import DistContext
 from prunefx.train.sparsity import SparsityConfig, sparsity_stats
 
@@ -108,7 +110,7 @@ class Job:
     stages: tuple[str, ...] = STAGES
 
     @classmethod
-    def build(cls, config: Mapping[str, Any], config_name: str, prune: PruneSpec, **fields: Any) -> Any:
+    def build(cls, config: Mapping[str, Any], config_name: str, prune: PruneSpec, **fields: Any) -> Self:
         """The job of a validated ``config`` (run options from its run keys), its inputs checked."""
         job = cls(prune=prune, run=RunOptions.parse(config, config_name), config=dict(config), **fields)
         job.check_inputs()
@@ -146,7 +148,7 @@ def preflight(spec: PruneSpec, backend: Backend) -> None:
         raise ConfigError(reason)
 
 
-def nothing_to_prune(dg: Any, plan: Any, model: str) -> str | None:
+def nothing_to_prune(dg: DependencyGraph, plan: PruningPlan, model: str) -> str | None:
     """Why ``plan`` (made on ``dg``) can prune nothing at all, or None when it has groups to prune."""
     if plan.groups:
         return None
@@ -168,6 +170,7 @@ def open_run(job: Job) -> RunDir:
 
 
 def resume_hint(root: Path) -> str:
+    """What to type to continue the run in ``root`` after fixing what stopped it."""
     return (f"finished stages are kept in {root}; fix the cause and continue with the same config plus: "
             f"resume=true name={root.name} project={root.parent}")
 

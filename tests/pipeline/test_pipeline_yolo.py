@@ -51,8 +51,8 @@ def _shapes(path: Path) -> dict[str, tuple[int, ...]]:
 
 @pytest.mark.slow
 def test_every_stage_from_the_model_yaml(tmp_path: Path) -> None:
-    result = _prune(*TINY, "epochs=1", "prune.sparsity.epochs=1", "prune.sparsity.s=2e-3", "prune.finetune.epochs=1",
-                    f"project={tmp_path}", "name=e2e")
+    result = _prune(*TINY, "epochs=1", "prune.sparsity.epochs=1", "prune.sparsity.s=2e-3",
+                    "prune.sparsity.schedule=constant", "prune.finetune.epochs=1", f"project={tmp_path}", "name=e2e")
     assert result.exit_code == 0, result.output
     run = tmp_path / "e2e"
     assert f"report: {run / 'report.md'}" in result.output.replace("\n", "")
@@ -133,6 +133,7 @@ def test_sparsity_from_scratch_retraces_the_baseline_when_the_penalty_is_zero(tm
         "prune.sparsity.epochs=1",
         "prune.sparsity.start=scratch",
         "prune.sparsity.s=0",
+        "prune.sparsity.schedule=constant",
         "prune.finetune.epochs=0",
         "prune.latency=false",
         f"project={tmp_path}",
@@ -143,6 +144,17 @@ def test_sparsity_from_scratch_retraces_the_baseline_when_the_penalty_is_zero(tm
     sparse = load_yolo(tmp_path / "s0/weights/sparse.pt").state_dict()
     assert base.keys() == sparse.keys()
     assert all(torch.equal(base[k], sparse[k]) for k in base)
+
+
+@pytest.mark.slow
+def test_the_shipped_recipe_reaches_its_sparsity_target(tmp_path: Path) -> None:
+    # configs/yolo.yaml's sparsity as shipped (from scratch, TargetSparsity, selective) on a small set: 64 steps.
+    result = _prune("imgsz=64", "batch=8", "nbs=8", "prune.data.n_train=64", "prune.data.n_val=16",
+                    "prune.data.imgsz=64", "epochs=1", "prune.sparsity.epochs=8", "prune.finetune.epochs=0",
+                    "prune.latency=false", f"project={tmp_path}", "name=target")
+    assert result.exit_code == 0, result.output
+    sparsity = json.loads((tmp_path / "target/state.json").read_text())["stages"]["sparsity"]
+    assert sparsity["gammas"]["below_0.01"] == pytest.approx(0.5, abs=0.1)
 
 
 @pytest.mark.slow

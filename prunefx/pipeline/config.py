@@ -31,9 +31,9 @@ import yaml
 from prunefx._config import ConfigError, check_fields, check_keys, field_names, from_dict, to_dict
 from prunefx.importance import CRITERIA
 from prunefx.plan import PlanConfig
+from prunefx.plan.config import TARGETS  # PlanConfig's alternative targets, written `target: {flops: 0.5}`
 from prunefx.train.sparsity import SparsityConfig
 
-TARGETS = ("ratio", "flops", "params")  # PlanConfig's alternative targets, written `target: {flops: 0.5}`
 # Target keys are alternatives: an override of one replaces the others (``prune.target.flops=0.4`` on a config
 # that says ``target: {ratio: 0.3}`` means "use flops instead", not "give two targets").
 _ONE_OF = {("prune", "target"): TARGETS}
@@ -161,7 +161,7 @@ class PruneSpec:
             target = {"flops": target}  # a bare number is the FLOPs fraction kept
         if target is not None and (not isinstance(target, Mapping) or len(target) != 1):
             raise ConfigError(
-                f"prune.target must name exactly one of ratio, flops, params (e.g. {{flops: 0.5}}), got {target!r}"
+                f"prune.target must name exactly one of {', '.join(TARGETS)} (e.g. {{flops: 0.5}}), got {target!r}"
             )
         if target is not None:
             check_keys(target, TARGETS, "prune.target")

@@ -16,6 +16,7 @@ and the report in rank 0 while the others wait; only rank 0 writes files.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -34,6 +35,7 @@ from prunefx.pipeline.config import PruneSpec, RunOptions, StageSpec
 from prunefx.pipeline.diagnose import score_warnings, sparsity_warnings
 from prunefx.pipeline.rundir import RunDir
 from prunefx.plan import PruningPlan
+from prunefx.plan.config import TARGETS
 from prunefx.train.distributed import DistContext
 from prunefx.train.sparsity import SparsityConfig, sparsity_stats
 
@@ -122,12 +124,10 @@ class Job:
 
 def check_target(spec: PruneSpec, where: str = "prune.target") -> None:
     """A target that keeps everything prunes nothing: an error before any work, never an unpruned "pruned" model."""
-    target = spec.target
-    keeps_all = target.get("flops") == 1.0 or target.get("params") == 1.0 or target.get("ratio") == 0.0
-    if keeps_all:
-        ((key, value),) = target.items()
-        fix = "a ratio above 0 (e.g. 0.3)" if key == "ratio" else f"a {key} fraction below 1 (e.g. 0.5)"
-        raise ConfigError(f"{where}.{key}={value:g} keeps the whole model: nothing would be pruned; give {fix}")
+    ((key, value),) = spec.target.items()
+    if value == (0.0 if key == "ratio" else 1.0):
+        raise ConfigError(f"{where}.{key}={value} keeps every channel, so there is nothing to prune; give a target "
+                          f"that removes some (e.g. {where}.flops=0.5 or {where}.ratio=0.3)")
 
 
 def preflight(spec: PruneSpec, backend: Backend) -> None:
@@ -142,7 +142,8 @@ def preflight(spec: PruneSpec, backend: Backend) -> None:
     check_target(spec)
     dg = analyze(backend.architecture(), backend.example_inputs())
     ones = {g.id: np.ones(g.channels) for g in dg.groups if g.prunable}
-    plan = make_plan(dg, ones, replace(spec.plan, ratio=0.5, flops=None, params=None))
+    # Which groups may be pruned does not depend on the target or the rounding: a plain ratio plan tells.
+    plan = make_plan(dg, ones, replace(spec.plan, **{**dict.fromkeys(TARGETS), "ratio": 0.5}, round_to=1))
     reason = nothing_to_prune(dg, plan, backend.name)
     if reason:
         raise ConfigError(reason)
@@ -154,13 +155,14 @@ def nothing_to_prune(dg: DependencyGraph, plan: PruningPlan, model: str) -> str 
         return None
     prunable = [g for g in dg.groups if g.prunable]
     if not prunable:
-        reasons = sorted({r for g in dg.groups for r in g.reasons})
-        example = f" (e.g. {reasons[0]})" if reasons else ""
-        return (f"nothing to prune in {model}: none of its {len(dg.groups)} channel groups is prunable{example}; "
-                "prunefx.analyze(model, x).summary() shows why each group is frozen")
-    why = sorted({reason for _, reason in plan.skipped})
-    return (f"nothing to prune in {model}: all {len(prunable)} prunable groups are left alone "
-            f"({'; '.join(why[:3])}); loosen prune.ignore / prune.min_channels")
+        reasons = Counter(r for g in dg.groups for r in g.reasons)
+        top = "; ".join(f"{r} ({n})" for r, n in reasons.most_common(3)) or "no channel groups"
+        return (f"nothing in {model} can be pruned: all {len(dg.groups)} channel groups are frozen ({top}); "
+                f"`prunefx analyze {model}` lists them")
+    reasons = Counter(reason for _, reason in plan.skipped)
+    top = "; ".join(f"{r} ({n})" for r, n in reasons.most_common(3))
+    return (f"none of the {len(prunable)} prunable groups of {model} may be pruned: {top}; narrow the ignore "
+            "patterns (--ignore, prune.ignore) or change the settings that exclude them (min_channels)")
 
 
 def open_run(job: Job) -> RunDir:

@@ -16,10 +16,10 @@ from _hostile import Sandbox, assert_refused, assert_untouched, invoke
 import prunefx
 from prunefx.errors import PrunefxError, TrustWarning, UntrustedFileError
 from prunefx.integrations.ultralytics.io import load_yolo, save_yolo, ultralytics_loading
+from prunefx.pipeline.backends.yolo import YoloJob
 from prunefx.pipeline.classify_model import read_state_dict
 from prunefx.pipeline.config import load_config
 from prunefx.pipeline.rundir import RunDir, RunLock
-from prunefx.pipeline.yolo import YoloJob
 from prunefx.spec import load_spec
 
 # A YOLO config that validates in a second and, if it ever started, would do little work.
@@ -78,7 +78,7 @@ def test_pickle_as_the_yolo_pipelines_model(sandbox: Sandbox) -> None:
 def test_pickle_planted_as_a_resumed_runs_baseline(sandbox: Sandbox) -> None:
     overrides = ["project=runs", "name=planted", *YOLO_SMALL]
     job = YoloJob.from_config(load_config("yolo.yaml", overrides), config_name="yolo")
-    run = RunDir.open(job.project, job.name, job.config)
+    run = RunDir.open(job.run.project, job.run.name, job.config)
     with run.stage("baseline") as info:  # a run whose baseline is done, as far as its state says
         info.update(source="planted", metrics={"map50": 0.0})
     (run.root / "weights").mkdir()

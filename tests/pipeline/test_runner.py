@@ -42,12 +42,12 @@ def _one_line_error(result) -> str:
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
-    (["prune.target.flops=1.0"], r"prune.target.flops=1 keeps the whole model: nothing would be pruned"),
-    (["prune.target.ratio=0"], r"prune.target.ratio=0 keeps the whole model"),
-    (["prune.ignore=['*']"], r"nothing to prune in _classify_factories:tiny_bn_cnn: all 4 prunable groups are left "
-                             r"alone \(ignored by pattern '\*'\)"),
-    (["model=_classify_factories:nothing_prunable"], r"nothing to prune in _classify_factories:nothing_prunable: "
-                                                     r"none of its \d+ channel groups is prunable"),
+    (["prune.target.flops=1.0"], r"prune.target.flops=1.0 keeps every channel, so there is nothing to prune"),
+    (["prune.target.ratio=0"], r"prune.target.ratio=0.0 keeps every channel"),
+    (["prune.ignore=['*']"], r"none of the 4 prunable groups of _classify_factories:tiny_bn_cnn may be pruned: "
+                             r"ignored by pattern '\*' \(4\)"),
+    (["model=_classify_factories:nothing_prunable"], r"nothing in _classify_factories:nothing_prunable can be "
+                                                     r"pruned: all \d+ channel groups are frozen"),
 ])
 def test_a_run_that_cannot_prune_anything_is_refused_before_any_work(tmp_path, overrides, message):
     job = ClassifyJob.from_config(load_config(DIGITS, [*TINY, f"project={tmp_path}", *overrides]))
@@ -57,8 +57,8 @@ def test_a_run_that_cannot_prune_anything_is_refused_before_any_work(tmp_path, o
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--flops", "1.0"], "prune.target.flops=1 keeps the whole model: nothing would be pruned"),
-    (["--ignore", "*"], "all 2 prunable groups are left alone (ignored by pattern '*')"),
+    (["--flops", "1.0"], "--flops 1.0 keeps every channel, so there is nothing to prune"),
+    (["--ignore", "*"], "none of the 2 prunable groups of _factories:tiny_cnn may be pruned: ignored by pattern '*'"),
 ])
 def test_one_shot_prune_refuses_a_cut_of_nothing(tmp_path, args, message):
     result = CliRunner().invoke(app, ["prune", "_factories:tiny_cnn", "--imgsz", "32", "--no-latency",

@@ -3,7 +3,8 @@
     gm = prunefx.trace(model, (torch.randn(1, 3, 224, 224),))
 
 What plain ``torch.fx.symbolic_trace`` lacks and this tracer adds:
-- ``forward(self, x, *args, **kwargs)``: only as many placeholders as example inputs are created;
+- only as many placeholders as example inputs; later parameters keep their defaults (``mask=None``), and
+  ``forward(self, x, *args, **kwargs)`` gets empty ``*args``/``**kwargs``;
 - ``len()`` / ``list()`` / iteration over ``chunk(n)`` and ``split([sizes])`` results (known arity);
 - leaf modules: a registry users extend by type (:func:`register_leaf`), and an automatic fallback that
   makes a submodule whose forward cannot be traced a leaf, retries, and records which and why;
@@ -133,18 +134,44 @@ class PrunefxTracer(fx.Tracer):
     def create_args_for_root(self, root_fn, is_module, concrete_args=None):
         fn = inspect.unwrap(root_fn)
         co = fn.__code__
-        has_var = co.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
-        if not (is_module and has_var and self.num_inputs is not None and concrete_args is None):
-            return super().create_args_for_root(root_fn, is_module, concrete_args)
-        # forward(self, x, *args, **kwargs): bind exactly the example inputs, leave *args/**kwargs empty.
         named = list(co.co_varnames[1 : co.co_argcount])
-        names = [named[i] if i < len(named) else f"input_{i}" for i in range(self.num_inputs)]
-        placeholders = [self.create_proxy("placeholder", n, (), {}) for n in names]
+        has_var = co.co_flags & inspect.CO_VARARGS
+        n = self.num_inputs
+        if not is_module or n is None or concrete_args is not None or (n > len(named) and not has_var):
+            return super().create_args_for_root(root_fn, is_module, concrete_args)
+        # Bind exactly the example inputs. Parameters after them keep their Python defaults (``mask=None``,
+        # ``targets=None``): a placeholder there would send tracing down the ``is not None`` branch, which the
+        # model never takes when called with these inputs. ``*args``/``**kwargs`` stay empty.
+        names = [named[i] if i < len(named) else f"input_{i}" for i in range(n)]
+        placeholders = [self.create_proxy("placeholder", name, (), {}) for name in names]
 
         def bound(root, *xs):
             return root_fn(root, *xs)
 
         return bound, [self.root, *placeholders]
+
+
+@contextmanager
+def module_state_kept(root: nn.Module) -> Iterator[None]:
+    """Restore every submodule's attributes (added, replaced or deleted ones) and buffer values when the block ends.
+
+    Running or tracing a forward executes its Python: a leaf caching anchors, a BatchNorm written functionally
+    that does ``self.num_batches_tracked.add_(1)`` (a real tensor, not a proxy, while tracing) would leave traces.
+    """
+    saved = [(m, dict(m.__dict__), dict(m._parameters), dict(m._buffers), dict(m._modules)) for m in root.modules()]
+    values = [(b, b.detach().clone()) for b in root.buffers() if b.device.type != "meta"]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for b, v in values:
+                if not torch.equal(b, v):
+                    b.copy_(v)
+        for m, attrs, params, buffers, modules in saved:
+            for live, old in ((m._parameters, params), (m._buffers, buffers), (m._modules, modules), (m.__dict__, attrs)):
+                if live.keys() != old.keys() or any(live[k] is not v for k, v in old.items()):
+                    live.clear()
+                    live.update(old)
 
 
 @contextmanager
@@ -165,10 +192,8 @@ def training_mode(model: nn.Module, training: bool | None):
 def _user_frame(exc: BaseException) -> str:
     """'file:line: code' of the innermost frame outside torch, for error messages."""
     frames = traceback.extract_tb(exc.__traceback__)
-    torch_dir = str(torch.__file__).rsplit("/", 1)[0]
-    here = __file__
-    for fr in reversed(frames):
-        if not fr.filename.startswith(torch_dir) and fr.filename != here:
+    for fr in reversed(frames):  # _TORCH_DIR ends with "/": site-packages/torchvision is the user's code here
+        if not fr.filename.startswith(_TORCH_DIR) and fr.filename != __file__:
             code = (fr.line or linecache.getline(fr.filename, fr.lineno)).strip()
             return f"{fr.filename}:{fr.lineno}: {code}"
     return "<unknown location>"
@@ -196,7 +221,7 @@ def trace(
         example_inputs = (example_inputs,)
     num_inputs = None if example_inputs is None else len(example_inputs)
     auto: dict[str, str] = {}
-    with training_mode(model, training):
+    with training_mode(model, training), module_state_kept(model):
         while True:
             tracer = PrunefxTracer(num_inputs, [*leaves, *auto])
             try:
@@ -224,4 +249,4 @@ def trace(
     return gm
 
 
-__all__ = ["trace", "register_leaf", "PrunefxTracer", "training_mode"]
+__all__ = ["trace", "register_leaf", "PrunefxTracer", "training_mode", "module_state_kept"]

@@ -144,11 +144,10 @@ def prune(
         raise
     console.print(render_table(report))
     console.print(result.plan.summary())
-    style = "green" if result.verified.ok else "bold red"
-    console.print(f"[{style}]verify: {result.verified.message}[/{style}]")
+    console.print(f"[green]verify: {result.verified.message}[/green]")  # prune() raises rather than fail it
+    for gid, reason in result.frozen_by_check:
+        console.print(f"[yellow]frozen by the check: group {gid} ({result.graph.groups[gid].label}): {reason}[/yellow]")
     console.print(f"run directory: {run_dir} (report.md, report.html, report.json, plan.json, pruned.pt)")
-    if not result.verified.ok:
-        raise typer.Exit(1)
 
 
 def _plain(value: object) -> object:

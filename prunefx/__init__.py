@@ -11,7 +11,7 @@ from prunefx.analysis.rules import register_rule
 from prunefx.api import PruneResult, prune
 from prunefx.capture import register_leaf, trace
 from prunefx.checkpoint import load, save
-from prunefx.errors import PrunefxError
+from prunefx.errors import PrunefxError, VerificationError
 from prunefx.importance import Scores, register_criterion, score
 from prunefx.plan import CostModel, PlanConfig, PlanError, PruningPlan, make_plan
 from prunefx.transform import apply_plan, register_fixer
@@ -21,6 +21,6 @@ __all__ = [
     "trace", "analyze", "score", "make_plan", "apply_plan", "verify", "prune", "save", "load",
     "register_leaf", "register_rule", "register_criterion", "register_fixer",
     "DependencyGraph", "Group", "Member", "Scores", "PlanConfig", "PruningPlan", "CostModel", "PruneResult",
-    "VerifyResult", "PrunefxError", "PlanError",
+    "VerifyResult", "PrunefxError", "PlanError", "VerificationError",
 ]
 __version__ = "0.1.0"

@@ -15,3 +15,7 @@ class ShapeError(PrunefxError):
 
 class SpecError(PrunefxError):
     """A model SPEC (``torchvision:resnet50``, a checkpoint path, ...) could not be resolved."""
+
+
+class VerificationError(PrunefxError):
+    """The pruned model differs from its masked original, even after freezing the groups that failed the check."""

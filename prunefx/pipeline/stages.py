@@ -19,7 +19,8 @@ def prune_source(run: RunDir, weights: Path) -> Path:
 def check_pruned(result: PruneResult, spec: PruneSpec, source: Path) -> dict[str, Any]:
     """Refuse a plan that prunes nothing or a model that differs from its masked original; the stage's record.
 
-    Returns ``{"source", "verify", "widths"}`` for ``state.json`` (widths per group, labelled by group).
+    Returns ``{"source", "verify", "widths", "frozen_by_check"}`` for ``state.json`` (widths per group, labelled by
+    group; the groups prune() froze because pruning them failed the oracle, with the reason).
     """
     if not result.plan.pruned:
         raise ConfigError(f"the target {spec.target} is already met: the plan removes no channel from {source.name}; "
@@ -31,4 +32,5 @@ def check_pruned(result: PruneResult, spec: PruneSpec, source: Path) -> dict[str
         "verify": result.verified.message if result.verified is not None else "skipped (prune.verify=false)",
         "widths": [{"name": result.graph.groups[g.group].label, "before": g.before, "after": g.after}
                    for g in result.plan.groups],
+        "frozen_by_check": [{"name": result.graph.groups[g].label, "reason": why} for g, why in result.frozen_by_check],
     }

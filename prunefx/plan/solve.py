@@ -193,7 +193,8 @@ def make_plan(
             "params_after": cost.params(masks),
         }
     return PruningPlan(
-        dg.model_name, dg.fingerprint(), dg.input_shapes, criterion, target, tuple(groups), tuple(skipped), estimate
+        dg.model_name, dg.fingerprint(), dg.input_shapes, criterion, target, tuple(groups), tuple(skipped), estimate,
+        dg.frozen_by_check,
     )
 
 

@@ -6,7 +6,8 @@ BatchNorm written functionally (timm ``BatchNormAct2d``), ``num_batches_tracked.
 ``x.new_empty(shape).bernoulli_(keep).div_(keep)``, dropout called with ``training=True``. The shape pass and the
 oracle run such graphs through :class:`EvalInterpreter`, which gives each of these its evaluation meaning:
 
-- functions registered with :func:`register_train_only` (dropout flavours, stochastic depth) are the identity;
+- functions registered with :func:`register_train_only` (dropout flavours, stochastic depth) are the identity,
+  and attention dropout (``scaled_dot_product_attention(dropout_p=...)``) is off;
 - ``F.batch_norm`` / ``F.instance_norm`` with running statistics use them (``training=False``);
 - random draws are replaced by their expectation (``bernoulli_(p)`` fills ``p``, ``rand`` gives 0.5, ``randn`` 0,
   ``new_empty``/``empty`` zeros), so two runs of the same graph draw the same "mask" whatever its shape;
@@ -50,6 +51,12 @@ def register_discrete(*targets: Any) -> None:
     """Declare ops whose output jumps (selections, NMS): the oracle compares their inputs, then replays them."""
     DISCRETE.update(targets)
 
+
+# Functions whose randomness is an argument: (argument name, position, its evaluation value).
+_EVAL_ARGUMENT: dict[Any, tuple[str, int, Any]] = {
+    F.scaled_dot_product_attention: ("dropout_p", 4, 0.0),  # attention dropout, baked in by a training trace
+    F.rrelu: ("training", 3, False),
+}
 
 _BN_SIG = inspect.signature(F.batch_norm)
 _IN_SIG = inspect.signature(F.instance_norm)
@@ -136,6 +143,12 @@ class EvalInterpreter(fx.Interpreter):
             return args[0] if args else next(iter(kwargs.values()))
         if target is F.batch_norm or target is F.instance_norm:
             return self._norm(target, args, kwargs)
+        if _hashable(target) and target in _EVAL_ARGUMENT:
+            name, pos, value = _EVAL_ARGUMENT[target]
+            if len(args) > pos:
+                args = (*args[:pos], value, *args[pos + 1 :])
+            elif name in kwargs:
+                kwargs = {**kwargs, name: value}
         det = _DETERMINISTIC.get(target) if _hashable(target) else None
         if det is not None:
             return det(args, kwargs)

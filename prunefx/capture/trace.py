@@ -28,6 +28,8 @@ import torch.fx as fx
 from torch import nn
 
 from prunefx import _plugins
+from prunefx._state import attributes_kept
+from prunefx.capture.concrete import ConcreteValues, NoConcreteValue, as_number
 from prunefx.errors import TraceFailure
 
 _LEAF_TYPES: set[type[nn.Module]] = set()
@@ -70,19 +72,32 @@ class _Proxy(fx.Proxy):
     def __len__(self) -> int:
         n = _arity(self.node)
         if n is None:
+            n = self.tracer.concrete_len(self)
+        if n is None:
             raise fx.proxy.TraceError(
                 f"len() of '{self.node.format_node()}' is not known while tracing "
-                "(only chunk(n) and split([sizes]) have a static length)"
+                "(only chunk(n), split([sizes]) and values computed from shapes have a static length)"
             )
         return n
+
+    def __int__(self) -> int:  # int(x.shape[1] / 2), math.ceil(...) on sizes: the example inputs decide
+        return int(self.tracer.concrete_number(self, "int()"))
+
+    def __float__(self) -> float:  # math.sqrt(num_tokens)
+        return float(self.tracer.concrete_number(self, "float()"))
 
 
 class PrunefxTracer(fx.Tracer):
     """fx.Tracer with known-arity iteration, varargs roots, a leaf registry and failure bookkeeping."""
 
-    def __init__(self, num_inputs: int | None = None, leaf_names: Sequence[str] = ()) -> None:
+    def __init__(
+        self, num_inputs: int | None = None, leaf_names: Sequence[str] = (), example_inputs: Sequence[Any] = ()
+    ) -> None:
         super().__init__()
         self.num_inputs = num_inputs
+        self.example_inputs = tuple(example_inputs)
+        self._concrete: ConcreteValues | None = None
+        self.specialised: dict[str, Any] = {}  # "file:line" -> the value a Python decision on sizes took
         self.leaf_names = set(leaf_names)
         self._stack: list[str] = []
         self.failed_in: str | None = None  # innermost traced (non-leaf) module whose forward raised
@@ -111,8 +126,54 @@ class PrunefxTracer(fx.Tracer):
     def iter(self, obj: fx.Proxy) -> Iterator:
         n = _arity(obj.node)
         if n is None:
+            n = self.concrete_len(obj)
+        if n is None:
             return super().iter(obj)
         return (obj[i] for i in range(n))
+
+    # ---- concrete sizes (prunefx.capture.concrete) ---------------------------------------------------------------
+    def _value(self, obj: fx.Proxy) -> Any:
+        if self._concrete is None:
+            if not self.example_inputs:
+                raise NoConcreteValue("no example inputs to take sizes from")
+            self._concrete = ConcreteValues(self.root, self.example_inputs)
+        return self._concrete.value(self.graph, obj.node)
+
+    def _record(self, value: Any) -> None:
+        frame = sys._getframe(2)
+        while frame is not None and (frame.f_code.co_filename.startswith(_TORCH_DIR) or
+                                     frame.f_code.co_filename == __file__):
+            frame = frame.f_back
+        if frame is not None:
+            self.specialised[f"{frame.f_code.co_filename}:{frame.f_lineno}"] = value
+
+    def to_bool(self, obj: fx.Proxy) -> bool:
+        try:
+            value = bool(as_number(self._value(obj)))
+        except NoConcreteValue:
+            return super().to_bool(obj)  # a condition on tensor data: the original TraceError
+        self._record(value)
+        return value
+
+    def concrete_number(self, obj: fx.Proxy, what: str) -> Any:
+        try:
+            value = as_number(self._value(obj))
+        except NoConcreteValue as exc:
+            raise fx.proxy.TraceError(f"{what} of '{obj.node.format_node()}' is not known while tracing: {exc}") from exc
+        self._record(value)
+        return value
+
+    def concrete_len(self, obj: fx.Proxy) -> int | None:
+        try:
+            value = self._value(obj)
+        except NoConcreteValue:
+            return None
+        # sizes only (``(*x.shape[:-1], -1, head_dim)``): iterating a module's output structure this way would
+        # follow what the example run returned, not what the traced graph holds
+        if isinstance(value, (tuple, list, torch.Size)) and all(type(v) is int for v in value):
+            self._record(len(value))
+            return len(value)
+        return None
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         if module_qualified_name in self.leaf_names or isinstance(m, tuple(_LEAF_TYPES)):
@@ -158,20 +219,15 @@ def module_state_kept(root: nn.Module) -> Iterator[None]:
     Running or tracing a forward executes its Python: a leaf caching anchors, a BatchNorm written functionally
     that does ``self.num_batches_tracked.add_(1)`` (a real tensor, not a proxy, while tracing) would leave traces.
     """
-    saved = [(m, dict(m.__dict__), dict(m._parameters), dict(m._buffers), dict(m._modules)) for m in root.modules()]
     values = [(b, b.detach().clone()) for b in root.buffers() if b.device.type != "meta"]
     try:
-        yield
+        with attributes_kept(root):
+            yield
     finally:
         with torch.no_grad():
             for b, v in values:
                 if not torch.equal(b, v):
                     b.copy_(v)
-        for m, attrs, params, buffers, modules in saved:
-            for live, old in ((m._parameters, params), (m._buffers, buffers), (m._modules, modules), (m.__dict__, attrs)):
-                if live.keys() != old.keys() or any(live[k] is not v for k, v in old.items()):
-                    live.clear()
-                    live.update(old)
 
 
 @contextmanager
@@ -223,7 +279,7 @@ def trace(
     auto: dict[str, str] = {}
     with training_mode(model, training), module_state_kept(model):
         while True:
-            tracer = PrunefxTracer(num_inputs, [*leaves, *auto])
+            tracer = PrunefxTracer(num_inputs, [*leaves, *auto], example_inputs or ())
             try:
                 graph = tracer.trace(model)
                 break
@@ -245,7 +301,9 @@ def trace(
         n for n, _ in (*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False))
     }
     lifted = sorted(n for n, _ in gm.named_buffers() if n not in own)  # torch.tensor(...) constants in forward
-    gm.meta[META_KEY] = {"auto_leaves": auto, "training": training, "lifted_constants": lifted}
+    gm.meta[META_KEY] = {
+        "auto_leaves": auto, "training": training, "lifted_constants": lifted, "specialised": tracer.specialised,
+    }
     return gm
 
 

@@ -42,6 +42,9 @@ EXPERIMENTS = {
     "yolo_synthetic": Experiment("experiments.yolo_synthetic", "yolov8n / yolo11n pipeline at several GFLOPs targets"),
     "yolo_latency": Experiment("experiments.yolo_latency", "CPU latency of the yolo_synthetic tables' models"),
     "html_render": Experiment("experiments.bench_html", "HTML view: page build and browser render, 70-1,600 nodes"),
+    "latency_target": Experiment(
+        "experiments.latency_target", "plans against measured latency vs FLOPs plans, torch and ONNX Runtime"
+    ),
 }
 
 

@@ -17,6 +17,7 @@ Each step is public on its own (``analyze``, ``importance.score``, ``make_plan``
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -27,7 +28,10 @@ from torch import nn
 from prunefx.analysis import DependencyGraph, analyze
 from prunefx.errors import VerificationError
 from prunefx.importance import Scores, score
+from prunefx.metrics import Deployment, compare_latency
+from prunefx.metrics.latency_table import LatencyTable
 from prunefx.plan import CostModel, GroupPlan, PlanConfig, PruningPlan, make_plan
+from prunefx.plan.latency import LatencyModel, LatencyOutcome, meet_latency
 from prunefx.transform import Compensation, apply_plan, compensate
 from prunefx.verify import VerifyResult, verify
 
@@ -45,6 +49,7 @@ class PruneResult:
     scores: Scores
     verified: VerifyResult | None
     compensation: Compensation | None = None
+    latency: LatencyOutcome | None = None  # a latency target's rounds: planned vs measured, re-plans
     frozen_by_check: tuple[tuple[int, str], ...] = ()  # (group id, reason): groups that failed the oracle
 
 
@@ -56,12 +61,20 @@ def prune(
     criterion: str = "bn_scale",
     check: bool = True,
     bias_compensation: bool | None = None,
+    deployment: Deployment | None = None,
+    latency_cache: str | os.PathLike[str] | None = "default",
     **score_kwargs: Any,
 ) -> PruneResult:
     """Prune ``model`` in place to ``config``'s target and (with ``check``) verify it against the masked original.
 
     ``bias_compensation`` (default: on for ``bn_scale``) folds the removed channels' mean contribution
     into their consumers first; the oracle then checks against the equally compensated original.
+    A latency target (``PlanConfig(latency=0.5)``) or ``round_to="auto"`` is measured on ``deployment``
+    (default: torch on the CPU with torch's threads, the example's batch): the model's layers are timed at
+    candidate widths into a latency table cached under ``latency_cache`` (None: not cached; see
+    :mod:`prunefx.metrics.latency_table`), the plan is solved against it, and for a latency target the
+    pruned model is measured end to end against the original and re-planned while it misses by more than
+    5% (at most 4 plans; ``PruneResult.latency`` says how it went).
     ``score_kwargs`` go to :func:`prunefx.importance.score` (``fallback``, ``calibration``, ``loss_fn``, ``seed``).
     Raises :class:`VerificationError` (model untouched) when no plan to the target passes the oracle.
     """
@@ -75,16 +88,51 @@ def prune(
     scores = score(model, dg, criterion, **score_kwargs)
     needs_cost = config.flops is not None or config.params is not None
     cost = CostModel(model, dg, example_inputs) if needs_cost or check else None
-    plan = make_plan(dg, scores, config, cost=cost)
+    outcome, lat, extra_target = None, None, {}
+    if config.latency is not None or config.round_to == "auto":
+        dep = (deployment or Deployment()).resolve(example_inputs)
+        pristine = copy.deepcopy(model)
+        base_ms = compare_latency({"base": pristine}, example_inputs, dep, budget_s=_BUDGET_S)["base"].median_ms
+        table = LatencyTable(dep, latency_cache)
+        lat = LatencyModel(model, dg, table, base_ms=base_ms, config=config)
+
+        def plan_for(fraction: float) -> PruningPlan:
+            cfg = replace(config, latency=fraction) if config.latency is not None else config
+            return make_plan(dg, scores, cfg, cost=cost, latency=lat)
+
+        def measure(candidate: PruningPlan) -> tuple[float, str | None]:
+            work = copy.deepcopy(pristine)
+            pruned = apply_plan(work, analyze(work, example_inputs), candidate, graph_rewrite=config.graph_rewrite)
+            t = compare_latency({"base": pristine, "pruned": pruned}, example_inputs, dep, budget_s=_BUDGET_S)
+            return t["pruned"].median_ms / t["base"].median_ms, t["pruned"].noise or t["base"].noise
+
+        if config.latency is not None:
+            plan, outcome = meet_latency(plan_for, measure, config.latency)
+        else:
+            plan = plan_for(0.0)
+        extra_target = {"deployment": dep.describe(), "latency_table": table.name}
+        plan = replace(plan, target={**plan.target, **extra_target})
+    else:
+        plan = make_plan(dg, scores, config, cost=cost)
+
+    def replan(frozen: DependencyGraph) -> PruningPlan:
+        """The same target on the analysis with the groups that failed the check frozen."""
+        cfg = replace(config, latency=plan.target["latency"]) if config.latency is not None else config
+        again = make_plan(frozen, scores, cfg, cost=cost, latency=lat)
+        return replace(again, target={**again.target, **extra_target})
+
     verified = None
     if check:
         trial = _Trial(model, example_inputs, config, bias_compensation)
-        dg, plan, verified = _checked_plan(trial, dg, plan, scores, config, cost)
+        dg, plan, verified = _checked_plan(trial, dg, plan, replan)
     compensation = compensate(model, dg, plan, example_inputs) if bias_compensation else None
     pruned = apply_plan(model, dg, plan, graph_rewrite=config.graph_rewrite)
     if check:
         trial.assert_same(pruned)
-    return PruneResult(pruned, plan, dg, scores, verified, compensation, dg.frozen_by_check)
+    return PruneResult(pruned, plan, dg, scores, verified, compensation, outcome, dg.frozen_by_check)
+
+
+_BUDGET_S = 15.0  # seconds of timed forwards per model per latency measurement (fewer repeats for slow models)
 
 
 class _Trial:
@@ -129,7 +177,7 @@ def _why(result: VerifyResult | Exception) -> str:
 
 
 def _checked_plan(
-    trial: _Trial, dg: DependencyGraph, plan: PruningPlan, scores: Scores, config: PlanConfig, cost: CostModel | None
+    trial: _Trial, dg: DependencyGraph, plan: PruningPlan, replan: Any
 ) -> tuple[DependencyGraph, PruningPlan, VerifyResult]:
     """The plan (and the analysis with failing groups frozen) whose pruned copy passes the oracle."""
     result = trial(dg, plan)
@@ -142,7 +190,7 @@ def _checked_plan(
         if not culprits:
             break
         dg = dg.with_frozen(tuple((g, _reason(dg, g, why)) for g, why in culprits))
-        plan = make_plan(dg, scores, config, cost=cost)
+        plan = replan(dg)
         result = trial(dg, plan)
     if _ok(result):
         return dg, plan, result
@@ -223,6 +271,7 @@ def _reason(dg: DependencyGraph, gid: int, why: str) -> str:
     path = dg.path(gid)
     shown = ", ".join(path[:4]) + (f" (+{len(path) - 4} more)" if len(path) > 4 else "")
     return f"failed the exactness check when pruned ({why[:200]}); path: {shown or 'no traced op'}"
+
 
 
 __all__ = ["PruneResult", "VerificationError", "prune"]

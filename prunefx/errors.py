@@ -19,3 +19,11 @@ class SpecError(PrunefxError):
 
 class VerificationError(PrunefxError):
     """The pruned model differs from its masked original, even after freezing the groups that failed the check."""
+
+
+class UntrustedFileError(PrunefxError):
+    """A file would run code to load (full unpickling) or to build (an evaluated model yaml), and is not trusted."""
+
+
+class TrustWarning(UserWarning):
+    """A file is loaded with full unpickling because the caller said it trusts it."""

@@ -290,3 +290,24 @@ def test_plan_names_its_criterion_and_groups():
     for g in old["groups"]:
         del g["label"]
     assert PruningPlan.from_dict(old).groups[0].label == ""
+
+
+def test_verify_leaves_both_models_untouched():
+    """The train-mode run updates BatchNorm statistics; verify puts every buffer back (no deep copies needed)."""
+    model = randomize_bn(Patterns()).eval()
+    x = torch.randn(2, 3, 8, 8)
+    original, _, plan = _prune(model, x, PlanConfig(ratio=0.3))
+    before = [{k: v.clone() for k, v in m.state_dict().items()} for m in (original, model)]
+    assert verify(original, model, plan, x).ok
+    for saved, now in zip(before, (original.state_dict(), model.state_dict()), strict=True):
+        assert saved.keys() == now.keys() and all(torch.equal(saved[k], now[k]) for k in saved)
+    assert not original.training and not model.training
+
+
+def test_a_mode_the_original_cannot_run_is_not_held_against_the_pruned_model():
+    """ResNet-18 at 32 px ends in 1x1 maps: BatchNorm in train mode at batch 1 fails for the original too."""
+    model = randomize_bn(torchvision.models.resnet18()).eval()
+    x = torch.randn(1, 3, 32, 32)
+    original, _, plan = _prune(model, x, PlanConfig(ratio=0.3))
+    result = verify(original, model, plan, x)
+    assert result.ok and result.runs_train and "train mode not checked" in result.message

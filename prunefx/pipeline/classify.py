@@ -59,7 +59,7 @@ from prunefx.train.distributed import (
 from prunefx.train.loop import SparsityConfig, TrainConfig, evaluate, fit
 
 STAGES = ("baseline", "sparsity", "prune", "finetune", "report")
-RUN_KEYS = ("project", "name", "exist_ok", "resume")
+RUN_KEYS = ("project", "name", "exist_ok", "resume", "trust_checkpoint")
 DIST_KEYS = ("nproc", "device", "threads", "dist_timeout")
 TOP_KEYS = ("task", "model", "checkpoint", "dataset", "eval_split", "prune", *RUN_KEYS, *DIST_KEYS, *TrainConfig.keys())
 EXAMPLE_BATCH = 32  # real training images for pruning: bias-compensation means and the oracle check use them
@@ -80,6 +80,7 @@ class ClassifyJob:
     eval_split: str = "test"
     resume: bool = False
     exist_ok: bool = False
+    trust_checkpoint: bool = False  # unpickle checkpoint= fully (it can run code)
     nproc: int = 1
     device: str = "auto"
     threads: int | None = None
@@ -121,6 +122,9 @@ class ClassifyJob:
         checkpoint = config.get("checkpoint")
         if checkpoint is not None and not isinstance(checkpoint, str):
             raise ConfigError(f"checkpoint must be the path of a weights file, got {checkpoint!r}")
+        trust = config.get("trust_checkpoint", False)
+        if not isinstance(trust, bool):
+            raise ConfigError(f"trust_checkpoint must be true or false, got {trust!r}")
         if train.epochs == 0 and checkpoint is None:
             raise ConfigError(
                 "epochs is 0 and no checkpoint is given: the baseline would be untrained; set epochs "
@@ -152,6 +156,7 @@ class ClassifyJob:
             eval_split=config.get("eval_split", "test"),
             resume=bool(config.get("resume")),
             exist_ok=bool(config.get("exist_ok")),
+            trust_checkpoint=trust,
             nproc=nproc,
             device=device,
             threads=threads,
@@ -173,7 +178,8 @@ class ClassifyJob:
         check_classifier(model, self.model, self.example(2), self.num_classes)
         # Under torchrun only rank 0 reads the checkpoint (it sends the weights): other machines need no copy.
         if self.checkpoint is not None and os.environ.get("RANK", "0") == "0":
-            load_weights(model, self.checkpoint, f"{self.model} with {self.num_classes} classes")
+            load_weights(model, self.checkpoint, f"{self.model} with {self.num_classes} classes",
+                         trust_checkpoint=self.trust_checkpoint)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -335,7 +341,7 @@ def _baseline(ctx: _Ctx, info: dict[str, Any]) -> None:
     if job.checkpoint is not None:
         model = ctx.fresh()
         if ctx.dist.is_main:
-            load_weights(model, job.checkpoint, job.model)
+            load_weights(model, job.checkpoint, job.model, trust_checkpoint=job.trust_checkpoint)
         model.load_state_dict(ctx.dist.broadcast(model.state_dict() if ctx.dist.is_main else None))
         info["source"] = f"checkpoint {job.checkpoint}"
     else:
@@ -473,23 +479,25 @@ def _digest(signature: list[tuple[str, tuple[int, ...]]]) -> str:
 
 def _report(ctx: _Ctx, info: dict[str, Any]) -> None:
     from prunefx import load
-    from prunefx.metrics import latency, measure
+    from prunefx.metrics import compare_latency, measure
     from prunefx.report import Stage, build_report, write_report
 
     job, run = ctx.job, ctx.run
     x = job.example()
-
-    def stage(model: nn.Module, metrics: Mapping[str, float]) -> Stage:
-        model = model.cpu().eval()
-        return Stage(measure(model, (x,)), latency(model, (x,)) if job.prune.latency else None, dict(metrics))
-
-    baseline = load_weights(job.factory()(), ctx.weights / "baseline.pt", job.model)
-    stages = {
-        "baseline": stage(baseline, run.done("baseline")["metrics"]),
-        "pruned": stage(load(ctx.weights / "pruned.pt", job.factory()), run.done("prune")["metrics"]),
+    models = {
+        "baseline": load_weights(job.factory()(), ctx.weights / "baseline.pt", job.model),
+        "pruned": load(ctx.weights / "pruned.pt", job.factory()),
     }
+    done = {"baseline": "baseline", "pruned": "prune", "finetuned": "finetune"}
     if not run.done("finetune").get("skipped"):
-        stages["finetuned"] = stage(load(ctx.weights / "finetuned.pt", job.factory()), run.done("finetune")["metrics"])
+        models["finetuned"] = load(ctx.weights / "finetuned.pt", job.factory())
+    models = {name: m.cpu().eval() for name, m in models.items()}
+    # the stages are timed in alternating rounds, so a slow spell of the machine hits them all alike
+    timed = compare_latency(models, (x,)) if job.prune.latency else {}
+    stages = {
+        name: Stage(measure(m, (x,)), timed.get(name), dict(run.done(done[name])["metrics"]))
+        for name, m in models.items()
+    }
     pr = run.done("prune")
     split = getattr(ctx.data, job.eval_split)
     settings = {

@@ -23,14 +23,14 @@ import torch
 import yaml
 from torch import nn
 
-from prunefx._io import atomic_write
-from prunefx.errors import PrunefxError
+from prunefx._io import TRUST_HINT, atomic_write
+from prunefx.errors import PrunefxError, UntrustedFileError
 from prunefx.pipeline.config import ConfigError, PruneSpec, check_keys
 from prunefx.pipeline.rundir import RunDir
 from prunefx.pipeline.stages import check_pruned, prune_source
 
 # Top-level keys prunefx consumes itself: the run directory (project/name), and how to open it.
-RUN_KEYS = ("project", "name", "exist_ok", "resume")
+RUN_KEYS = ("project", "name", "exist_ok", "resume", "trust_checkpoint")
 STAGES = ("baseline", "sparsity", "prune", "finetune", "report")
 # The embedded dataset (used when `data` is null): prunefx's synthetic shapes set; prune.data tunes it.
 SYNTHETIC_DEFAULTS = {"n_train": 384, "n_val": 96, "imgsz": 128, "seed": 0}
@@ -55,6 +55,7 @@ class YoloJob:
     name: str
     resume: bool = False
     exist_ok: bool = False
+    trust_checkpoint: bool = False  # unpickle checkpoints fully and eval model yamls (they can run code)
     synthetic: Mapping[str, Any] = field(default_factory=dict)
     config: Mapping[str, Any] = field(default_factory=dict, hash=False)  # as given, for config.yaml
 
@@ -65,7 +66,11 @@ class YoloJob:
 
         setup_offline()  # before the first ultralytics import: it fixes its online flag and config dir then
         known = ultralytics_keys()
-        check_keys(config, known | {"prune"}, "the config (top level: ultralytics keys, prunefx keys under prune:)")
+        check_keys(config, known | {"prune", "trust_checkpoint"},
+                   "the config (top level: ultralytics keys, prunefx keys under prune:)")
+        trust = config.get("trust_checkpoint", False)
+        if not isinstance(trust, bool):
+            raise ConfigError(f"trust_checkpoint must be true or false, got {trust!r}")
         prune_block = dict(config.get("prune") or {})
         synthetic = prune_block.pop("data", None) or {}
         check_keys(synthetic, SYNTHETIC_DEFAULTS, "prune.data (the embedded synthetic dataset)")
@@ -83,7 +88,7 @@ class YoloJob:
                 f"data must be the path of an ultralytics data yaml (or null for the embedded set), got {data!r}"
             )
         train = {k: v for k, v in config.items() if k not in ("prune", "model", "data", *RUN_KEYS) and v is not None}
-        task = _model_task(model)
+        task = _model_task(model, trust)
         if train.get("task", task) != task:
             raise ConfigError(
                 f"task={train['task']} but {model} is a {task} model; drop task= or give a {train['task']} model"
@@ -104,6 +109,7 @@ class YoloJob:
             name=str(config.get("name") or config_name),
             resume=bool(config.get("resume")),
             exist_ok=bool(config.get("exist_ok")),
+            trust_checkpoint=trust,
             synthetic={**SYNTHETIC_DEFAULTS, **synthetic},
             config=dict(config),
         )
@@ -124,13 +130,14 @@ class YoloJob:
             if self.task != "detect":
                 raise ConfigError("the embedded synthetic dataset is for detection; give data= for other tasks")
             return
-        _check_data_yaml(Path(self.data))
+        _check_data_yaml(Path(self.data), self.trust_checkpoint)
 
 
-def _model_task(model: str) -> str:
+def _model_task(model: str, trust: bool = False) -> str:
     """The ultralytics task of a model yaml or checkpoint, which must resolve or load (never downloaded)."""
     from ultralytics.nn.tasks import guess_model_task, yaml_model_load
 
+    from prunefx.integrations.ultralytics.model_yaml import check_model_yaml
     from prunefx.integrations.ultralytics.train import load_yolo
 
     if model.endswith(".pt"):
@@ -140,17 +147,21 @@ def _model_task(model: str) -> str:
                 "of a local .pt, or a model yaml (e.g. yolov8n.yaml) to train a baseline"
             )
         try:
-            return str(load_yolo(model).task)
+            return str(load_yolo(model, trust_checkpoint=trust).task)
+        except UntrustedFileError:
+            raise
         except PrunefxError as exc:
             raise ConfigError(str(exc)) from exc
     if model.endswith((".yaml", ".yml")):
         try:
-            return str(guess_model_task(yaml_model_load(model)))
+            cfg = yaml_model_load(model)
         except Exception as exc:
             raise ConfigError(
                 f"unknown model {model!r} ({type(exc).__name__}: {exc}); give an ultralytics model yaml "
                 "(yolov8n.yaml, yolo11s.yaml, ...), a yaml path, or a checkpoint .pt"
             ) from exc
+        check_model_yaml(cfg, model, trust_checkpoint=trust)  # the trainer builds it: no code may run
+        return str(guess_model_task(cfg))
     raise ConfigError(f"model {model!r} is neither a model yaml nor a .pt checkpoint")
 
 
@@ -164,7 +175,7 @@ def _check_train_args(train: Mapping[str, Any]) -> None:
         raise ConfigError(f"invalid ultralytics argument: {exc}") from exc
 
 
-def _check_data_yaml(path: Path) -> None:
+def _check_data_yaml(path: Path, trust: bool = False) -> None:
     if not path.is_file():
         raise ConfigError(
             f"data yaml {path} not found; give the path of an ultralytics data yaml (train:, val:, "
@@ -174,6 +185,11 @@ def _check_data_yaml(path: Path) -> None:
         d = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
         raise ConfigError(f"data yaml {path} is not valid YAML: {exc}") from exc
+    script = d.get("download") if isinstance(d, dict) else None
+    if isinstance(script, str) and not script.startswith(("http://", "https://")) and not trust:
+        # ultralytics runs it (exec, or bash) when it finds images missing; prunefx never downloads anyway
+        raise UntrustedFileError(f"data yaml {path} has a download: script, which ultralytics would run as code; "
+                                 f"remove the download: key (prunefx never downloads), or {TRUST_HINT}")
     missing = [k for k in ("train", "val", "names") if not isinstance(d, dict) or k not in d]
     if missing:
         raise ConfigError(
@@ -232,6 +248,13 @@ def run_yolo(job: YoloJob, *, log: Callable[[str], None] = print) -> RunDir:
     from prunefx.integrations.ultralytics.env import setup_offline
 
     setup_offline()
+    from prunefx.integrations.ultralytics.io import ultralytics_loading
+
+    with ultralytics_loading(trust_checkpoint=job.trust_checkpoint):  # YOLO(path).val(), trainers' yaml builds
+        return _run_stages(job, log)
+
+
+def _run_stages(job: YoloJob, log: Callable[[str], None]) -> RunDir:
     run = RunDir.open(job.project, job.name, job.config, resume=job.resume, exist_ok=job.exist_ok)
     (run.root / "weights").mkdir(exist_ok=True)
     log(f"run directory: {run.root}")
@@ -312,7 +335,7 @@ def _baseline(ctx: _Ctx, info: dict[str, Any]) -> None:
 
     job, target = ctx.job, ctx.weights / "baseline.pt"
     if job.model.endswith(".pt"):
-        model = load_yolo(job.model)
+        model = load_yolo(job.model, trust_checkpoint=job.trust_checkpoint)
         _check_nc(model, ctx.data)
         save_yolo(model, target, train_args=dict(getattr(model, "args", {}) or {}))
         info["source"] = f"checkpoint {job.model}"
@@ -343,7 +366,8 @@ def _sparsity(ctx: _Ctx, info: dict[str, Any]) -> None:
     if sp.epochs == 0:
         info["skipped"] = "prune.sparsity.epochs is 0"
         return
-    model = load_yolo(ctx.weights / "baseline.pt")  # scratch: its architecture; the trainer builds from the yaml
+    # scratch: its architecture; the trainer builds from the yaml
+    model = load_yolo(ctx.weights / "baseline.pt", trust_checkpoint=ctx.job.trust_checkpoint)
     exclude = list(sp.exclude)
     if sp.exclude_residual:
         from prunefx import analyze
@@ -381,7 +405,7 @@ def _prune(ctx: _Ctx, info: dict[str, Any]) -> None:
 
     spec = ctx.job.prune
     source = prune_source(ctx.run, ctx.weights)
-    model = load_yolo(source)
+    model = load_yolo(source, trust_checkpoint=ctx.job.trust_checkpoint)
     result = prune(
         model,
         (ctx.example(),),
@@ -405,14 +429,14 @@ def _finetune(ctx: _Ctx, info: dict[str, Any]) -> None:
     if ft.epochs == 0:
         info["skipped"] = "prune.finetune.epochs is 0"
         return
-    model = load_yolo(ctx.weights / "pruned.pt")
+    model = load_yolo(ctx.weights / "pruned.pt", trust_checkpoint=ctx.job.trust_checkpoint)
     expected = param_count(model)
     best, last = train_yolo(
         model, ctx.train_args("finetune", ft.overrides, ft.epochs), task=ctx.job.task, hooks=TrainHooks.for_model(model)
     )
     shutil.copyfile(best, ctx.weights / "best.pt")
     shutil.copyfile(last, ctx.weights / "last.pt")
-    got = param_count(load_yolo(ctx.weights / "best.pt"))
+    got = param_count(load_yolo(ctx.weights / "best.pt", trust_checkpoint=ctx.job.trust_checkpoint))
     if got != expected:  # the hooks guard the trainer; this guards what it saved
         raise PrunefxError(f"fine-tuning saved a model with {got:,} parameters, not the pruned {expected:,}")
     info["metrics"] = _evaluate(ctx, ctx.weights / "best.pt", "finetuned")
@@ -421,28 +445,31 @@ def _finetune(ctx: _Ctx, info: dict[str, Any]) -> None:
 def _report(ctx: _Ctx, info: dict[str, Any]) -> None:
     from prunefx.integrations.ultralytics.gflops import ultralytics_gflops
     from prunefx.integrations.ultralytics.train import load_yolo
-    from prunefx.metrics import latency, measure
+    from prunefx.metrics import Deployment, compare_latency, measure
     from prunefx.report import Stage, build_report, write_report
 
     job, run = ctx.job, ctx.run
     x = ctx.example()
+    sources = {"baseline": ("baseline.pt", "baseline"), "pruned": ("pruned.pt", "prune")}
+    if not run.done("finetune").get("skipped"):
+        sources["finetuned"] = ("best.pt", "finetune")
+    models = {
+        name: load_yolo(ctx.weights / file, trust_checkpoint=job.trust_checkpoint).eval()
+        for name, (file, _) in sources.items()
+    }
+    # Every core: ultralytics leaves torch at fewer threads after training; the report states the count.
+    # The stages are timed in alternating rounds, so a slow spell of the machine hits them all alike.
+    timed = compare_latency(models, (x,), Deployment(threads=os.cpu_count())) if job.prune.latency else {}
 
-    def stage(weights: Path, metrics: Mapping[str, float]) -> Stage:
-        model = load_yolo(weights).eval()
+    def stage(name: str) -> Stage:
+        model = models[name]
         extra = {
             "yolo_gflops@640": ultralytics_gflops(model, 640),
             f"yolo_gflops@{job.imgsz}": ultralytics_gflops(model, job.imgsz),
         }
-        # Every core: ultralytics leaves torch at fewer threads after training; the report states the count.
-        lat = latency(model, (x,), threads=os.cpu_count()) if job.prune.latency else None
-        return Stage(measure(model, (x,)), lat, {**metrics, **extra})
+        return Stage(measure(model, (x,)), timed.get(name), {**run.done(sources[name][1])["metrics"], **extra})
 
-    stages = {
-        "baseline": stage(ctx.weights / "baseline.pt", run.done("baseline")["metrics"]),
-        "pruned": stage(ctx.weights / "pruned.pt", run.done("prune")["metrics"]),
-    }
-    if not run.done("finetune").get("skipped"):
-        stages["finetuned"] = stage(ctx.weights / "best.pt", run.done("finetune")["metrics"])
+    stages = {name: stage(name) for name in sources}
     pr = run.done("prune")
     settings = {
         "config": dict(job.config),

@@ -1,6 +1,7 @@
-"""Decide what to prune: choose kept channels per group so a ratio / FLOPs / params target is met.
+"""Decide what to prune: choose kept channels per group so a ratio / FLOPs / params / latency target is met.
 
     plan = make_plan(dg, scores, PlanConfig(flops=0.5, round_to=8), cost=CostModel(model, dg, inputs))
+    plan = make_plan(dg, scores, PlanConfig(latency=0.5), latency=LatencyModel(...))  # see prunefx.plan.latency
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ import numpy as np
 from prunefx.analysis.graph import DependencyGraph
 from prunefx.analysis.roles import Kind
 from prunefx.importance import Scores
-from prunefx.plan.config import PlanConfig, PlanError
+from prunefx.plan.config import TARGETS, PlanConfig, PlanError
 from prunefx.plan.cost import CostModel
+from prunefx.plan.latency import LatencyModel, latency_widths
 from prunefx.plan.plan import GroupPlan, PruningPlan
 
 
@@ -61,7 +63,7 @@ def _override(dg: DependencyGraph, gid: int, cfg: PlanConfig) -> float | None:
     return None
 
 
-def _counts(dg, scores, eligible, cfg, knob: float) -> dict[int, int]:
+def _counts(dg, scores, eligible, cfg, knob: float, latency: LatencyModel | None = None) -> dict[int, int]:
     """Kept channel count per eligible group for a global threshold / local ratio ``knob``."""
     counts = {}
     for gid in eligible:
@@ -73,7 +75,9 @@ def _counts(dg, scores, eligible, cfg, knob: float) -> dict[int, int]:
             n = c - int(math.floor((knob if r is None else r) * c + 1e-9))
         lo = max(cfg.min_channels, int(math.ceil((1.0 - cfg.max_ratio) * c - 1e-9)))
         n = min(max(n, lo), c)
-        if cfg.round_to > 1:
+        if cfg.round_to == "auto":
+            n = latency.fast_width(gid, n)
+        elif cfg.round_to > 1:
             n = min(c, int(math.ceil(n / cfg.round_to)) * cfg.round_to)
         counts[gid] = n
     for gids, _ in dg.ties:  # equal-count ties (chunk halves): the larger count wins
@@ -119,6 +123,7 @@ def make_plan(
     *,
     criterion: str | None = None,
     cost: CostModel | None = None,
+    latency: LatencyModel | None = None,
     owned_constants: frozenset[str] = frozenset(),
 ) -> PruningPlan:
     """Choose kept channels for every eligible group so the target in ``cfg`` is met.
@@ -126,6 +131,9 @@ def make_plan(
     ``scores``: a :class:`prunefx.Scores` (its criterion names the plan) or group id -> one score per channel
     (higher = keep; the plan says ``criterion``, default "custom"). ``cost`` is required for flops / params targets,
     which are solved by bisection on the global threshold (or the local ratio).
+    ``latency`` (a :class:`~prunefx.plan.latency.LatencyModel`) is required for a latency target and for
+    ``round_to="auto"``: with global scope the latency planner decides each group's width (importance
+    decides which channels), with local scope the per-layer ratio is bisected against the predicted latency.
     ``owned_constants``: module types whose attribute fixers rewrite their hard-coded channel counts.
     """
     if isinstance(scores, Scores):
@@ -138,6 +146,11 @@ def make_plan(
         raise PlanError(f"scores missing or of wrong length for groups {missing[:5]}")
     if (cfg.flops is not None or cfg.params is not None) and cost is None:
         raise PlanError("a flops/params target needs a CostModel (cost=CostModel(model, dg, inputs))")
+    if (cfg.latency is not None or cfg.round_to == "auto") and latency is None:
+        raise PlanError(
+            "a latency target and round_to='auto' need measured latencies: pass latency=LatencyModel(...), "
+            "or call prunefx.prune, which measures them on its deployment"
+        )
 
     if cfg.scope == "global":
         # One global ranking; equal scores (fresh BatchNorms all have gamma 1) are broken by relative
@@ -145,7 +158,7 @@ def make_plan(
         scores = _global_ranks(dg, scores, eligible)
 
     def masks_for(knob: float) -> dict[int, np.ndarray]:
-        return {g: _keep(scores[g], n) for g, n in _counts(dg, scores, eligible, cfg, knob).items()}
+        return {g: _keep(scores[g], n) for g, n in _counts(dg, scores, eligible, cfg, knob, latency).items()}
 
     all_scores = np.sort(np.concatenate([scores[g] for g in eligible])) if eligible else np.zeros(1)
     total = sum(dg.groups[g].channels for g in eligible)
@@ -156,31 +169,43 @@ def make_plan(
             return 1.0 - sum(int(m.sum()) for m in masks.values()) / max(total, 1)
         if cfg.flops is not None:
             return cost.macs(masks) / cost.macs_total
+        if cfg.latency is not None:
+            return latency.predict({g: int(m.sum()) for g, m in masks.items()}) / latency.base_ms
         return cost.params(masks) / cost.params_total
 
-    # the removed fraction grows with the knob; kept MACs / params shrink
-    goal, increasing = (cfg.ratio, True) if cfg.ratio is not None else (cfg.flops or cfg.params, False)
-    if cfg.ratio is not None and cfg.scope == "local":
+    # the removed fraction grows with the knob; kept MACs / params / latency shrink
+    goal, increasing = (cfg.ratio, True) if cfg.ratio is not None else (cfg.flops or cfg.params or cfg.latency, False)
+    planned = cfg.latency is not None and cfg.scope == "global"
+    if planned:  # the latency planner: widths from the latency table, channels by rank
+        widths = latency_widths(latency, dg, {g: scores[g] + 1.0 for g in eligible}, eligible, cfg.latency)
+        masks = {g: _keep(scores[g], n) for g, n in widths.items()}
+        knob = 0.0
+    elif cfg.ratio is not None and cfg.scope == "local":
         knob = cfg.ratio  # per-layer ratio: each group loses exactly this fraction (or its override)
     else:
         knob = _bisect(measure_fn, masks_for, goal, increasing, all_scores, cfg.scope)
-    masks = masks_for(knob)
+    if not planned:
+        masks = masks_for(knob)
 
     groups = []
     for gid in eligible:
         m = masks[gid]
         c = dg.groups[gid].channels
-        why = (
-            f"global rank > {int(knob)} of {total}"
-            if cfg.scope == "global"
-            else f"ratio {(_override(dg, gid, cfg) or knob):.3f}"
-        )
-        n_raw = int((scores[gid] > knob).sum()) if cfg.scope == "global" else None
+        if planned:
+            n = int(m.sum())
+            why = f"latency: width {n} of {c} (measured candidates {_grid_text(latency.grids.get(gid))})"
+        else:
+            why = (
+                f"global rank > {int(knob)} of {total}"
+                if cfg.scope == "global"
+                else f"ratio {(_override(dg, gid, cfg) or knob):.3f}"
+            )
+        n_raw = int((scores[gid] > knob).sum()) if cfg.scope == "global" and not planned else None
         if n_raw is not None and int(m.sum()) != n_raw:
             why += f"; clamped/rounded to {int(m.sum())}"
         keep = tuple(np.flatnonzero(m).tolist())
         groups.append(GroupPlan(gid, c, int(m.sum()), keep, why, dg.groups[gid].label))
-    target = {k: getattr(cfg, k) for k in ("ratio", "flops", "params") if getattr(cfg, k) is not None}
+    target = {k: getattr(cfg, k) for k in TARGETS if getattr(cfg, k) is not None}
     target.update(scope=cfg.scope, round_to=cfg.round_to, min_channels=cfg.min_channels, max_ratio=cfg.max_ratio)
     if cfg.graph_rewrite:
         target["graph_rewrite"] = True  # prunefx.load re-applies the plan with the graph rewritten again
@@ -192,10 +217,19 @@ def make_plan(
             "params_before": cost.params_total,
             "params_after": cost.params(masks),
         }
+    if latency is not None:
+        estimate["latency_ms_before"] = latency.base_ms
+        estimate["latency_ms_planned"] = latency.predict({g: int(m.sum()) for g, m in masks.items()})
     return PruningPlan(
         dg.model_name, dg.fingerprint(), dg.input_shapes, criterion, target, tuple(groups), tuple(skipped), estimate,
         dg.frozen_by_check,
     )
+
+
+def _grid_text(grid: np.ndarray | None) -> str:
+    if grid is None or not len(grid):
+        return "none"
+    return ",".join(map(str, grid.tolist())) if len(grid) <= 6 else f"{grid[0]},{grid[1]},...,{grid[-1]}"
 
 
 def _bisect(measure_fn, masks_for, goal: float, increasing: bool, all_scores: np.ndarray, scope: str) -> float:

@@ -8,7 +8,10 @@
       "created": str,                     # ISO-8601 UTC timestamp
       "prunefx": str,                     # package version
       "machine": {"platform": str, "machine": str, "processor": str, "cpu_count": int,
-                  "python": str, "torch": str, "torch_threads": int},
+                  "python": str, "torch": str, "torch_threads": int},   # threads: those latency was timed with
+      "timing": null | {"backend", "deployed", "device": str, "threads", "batch_size", "rounds": int,
+                        "alternating": bool, "load_avg": float | null, "cpu_count": int | null,
+                        "noise": str | null},   # how latency was timed, once; noise: why it is unreliable
       "conventions": {str: str},          # how MACs, FLOPs (= 2 x MACs), norms, latency, deltas are counted
       "settings": {...},                  # the caller's run settings, verbatim
       "stages": {                         # "baseline" and "pruned" always, "finetuned" optionally
@@ -19,9 +22,11 @@
           "input_shapes": [[int]], "ran_on": str,
           "latency": null | {"median_ms", "p10_ms", "p90_ms", "min_ms", "mean_ms": float,
                              "repeats", "warmup", "batch_size", "threads": int,
-                             "device", "torch_version": str, "channels_last": bool},
+                             "device", "torch_version": str, "channels_last": bool,
+                             "noise": str | null, ...},   # noise: why this timing is unreliable
           "metrics": {str: number},       # task metrics: top1, map50_95, ...
-          "delta": {str: {"abs": number, "rel": number | null}},          # cost vs baseline ({} for it)
+          "delta": {str: {"abs": number, "rel": number | null}},          # cost vs baseline ({} for it);
+                                          # latency_median_ms also has "noise": str when either timing is noisy
           "metrics_delta": {str: {"abs": number, "rel": number | null}}   # shared metrics vs baseline
         }
       },
@@ -100,6 +105,9 @@ def _stage_dict(stage: Stage, baseline: Stage | None) -> dict[str, Any]:
         out["delta"] = {k: _delta(out[k], base[k]) for k in costs if None not in (out[k], base[k])}
         if stage.latency and baseline.latency:
             out["delta"]["latency_median_ms"] = _delta(stage.latency.median_ms, baseline.latency.median_ms)
+            noise = stage.latency.noise or baseline.latency.noise
+            if noise:  # the change is not vouched for: renderers print the reason instead of the percentage
+                out["delta"]["latency_median_ms"]["noise"] = noise
         out["metrics_delta"] = {
             k: _delta(float(v), float(baseline.metrics[k])) for k, v in stage.metrics.items() if k in baseline.metrics
         }
@@ -113,7 +121,7 @@ def _version() -> str:
         return "unknown"
 
 
-def _machine() -> dict[str, Any]:
+def _machine(timed: Latency | None = None) -> dict[str, Any]:
     return {
         "platform": platform.platform(),
         "machine": platform.machine(),
@@ -121,7 +129,29 @@ def _machine() -> dict[str, Any]:
         "cpu_count": os.cpu_count() or 0,
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
+        # the threads latency was timed with, stated once (torch's count now may differ after training)
+        "torch_threads": timed.threads if timed is not None else torch.get_num_threads(),
+    }
+
+
+def _timing(stages: Sequence[Stage]) -> dict[str, Any] | None:
+    """How the latencies were timed, once for the report: backend, threads, rounds, load average, noise."""
+    timed = [s.latency for s in stages if s is not None and s.latency is not None]
+    if not timed:
+        return None
+    first = timed[0]
+    loads = [t.load_avg for t in timed if t.load_avg is not None]
+    return {
+        "backend": first.backend,
+        "deployed": first.deployed,
+        "device": first.device,
+        "threads": first.threads,
+        "batch_size": first.batch_size,
+        "rounds": first.rounds,
+        "alternating": len({t.rounds for t in timed}) == 1 and first.rounds > 1,
+        "load_avg": max(loads) if loads else None,
+        "cpu_count": first.cpu_count,
+        "noise": next((t.noise for t in timed if t.noise), None),
     }
 
 
@@ -149,7 +179,8 @@ def build_report(
         "model": model,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "prunefx": _version(),
-        "machine": _machine(),
+        "machine": _machine(baseline.latency or pruned.latency),
+        "timing": _timing([baseline, pruned, finetuned]),
         "conventions": {
             **COUNT_CONVENTIONS,
             "latency": LATENCY_CONVENTION,

@@ -51,7 +51,7 @@ def test_override_into_a_scalar_is_an_error() -> None:
         ({"target": {"flops": 0.5, "ratio": 0.2}}, "exactly one of ratio, flops, params"),
         ({"target": {"flop": 0.5}}, r"did you mean 'flops'"),
         ({"target": {"flops": "half"}}, "must be a number"),
-        ({"round_to": 0}, "round_to must be >= 1"),
+        ({"round_to": 0}, "round_to must be an integer >= 1"),
         ({"sparsity": {"epochs": -1}}, "epochs must be >= 0"),
         ({"sparsity": {"schedule": "cosine"}}, "'constant' or 'target'"),
         ({"sparsity": {"start": "pretrained"}}, "'baseline' or 'scratch'"),
@@ -105,7 +105,7 @@ def test_bad_yolo_configs_fail_before_any_work(overrides: list[str], message: st
 def test_corrupt_checkpoint_is_an_error(tmp_path: Path) -> None:
     bad = tmp_path / "best.pt"
     bad.write_bytes(b"not a checkpoint")
-    with pytest.raises(ConfigError, match=r"cannot load .*best.pt as an ultralytics checkpoint"):
+    with pytest.raises(ConfigError, match=r"cannot load checkpoint .*best.pt: it is not a torch.save archive"):
         YoloJob.from_config(load_config(YOLO_CONFIG, [f"model={bad}", f"project={tmp_path}"]))
     assert bad.read_bytes() == b"not a checkpoint"  # what the user gave is untouched
 

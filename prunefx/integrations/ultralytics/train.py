@@ -21,6 +21,7 @@ from typing import Any
 from torch import nn
 
 from prunefx.errors import PrunefxError
+from prunefx.integrations.ultralytics.io import load_yolo
 from prunefx.train.sparsity import BNSparsity, TargetSparsity, sparsity_stats
 
 
@@ -138,19 +139,9 @@ def train_yolo(
     return (best if best.is_file() else last), last
 
 
-def load_yolo(path: str | Path) -> nn.Module:
-    """The float32 model of an ultralytics checkpoint (pruned shapes included), in train mode."""
-    from ultralytics.nn.tasks import load_checkpoint
-
-    try:
-        model, _ = load_checkpoint(str(path))
-    except Exception as exc:  # a truncated file, a non-ultralytics pickle, ...
-        raise PrunefxError(
-            f"cannot load {path} as an ultralytics checkpoint ({type(exc).__name__}: {exc}); "
-            "give a .pt written by ultralytics or prunefx"
-        ) from exc
-    return model.float().train()
-
-
 def param_count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+# load_yolo lives with save_yolo in io.py; pipelines import it from here too.
+__all__ = ["SparsityConfig", "TrainHooks", "load_yolo", "param_count", "train_yolo", "trainer_class"]

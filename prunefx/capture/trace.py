@@ -230,6 +230,32 @@ def module_state_kept(root: nn.Module) -> Iterator[None]:
                     b.copy_(v)
 
 
+_VARARGS_FACTORIES = ("ones", "zeros", "empty", "rand", "randn")
+
+
+@contextmanager
+def _factories_take_proxy_sizes() -> Iterator[None]:
+    """torch.ones(b, n) with traced sizes raises in torch's argument parser (it never reaches fx); the same call
+    with the sizes as one tuple is recorded. While tracing, the factories pass traced varargs sizes as a tuple."""
+    originals = {name: getattr(torch, name) for name in _VARARGS_FACTORIES}
+
+    def packing(fn):
+        def factory(*size, **kwargs):
+            if len(size) > 1 and any(isinstance(s, fx.Proxy) for s in size):
+                return fn(tuple(size), **kwargs)
+            return fn(*size, **kwargs)
+
+        return factory
+
+    try:
+        for name, fn in originals.items():
+            setattr(torch, name, packing(fn))
+        yield
+    finally:
+        for name, fn in originals.items():
+            setattr(torch, name, fn)
+
+
 @contextmanager
 def training_mode(model: nn.Module, training: bool | None):
     """Temporarily set every module's ``training`` flag (None: leave as is); restores each flag after."""
@@ -277,7 +303,7 @@ def trace(
         example_inputs = (example_inputs,)
     num_inputs = None if example_inputs is None else len(example_inputs)
     auto: dict[str, str] = {}
-    with training_mode(model, training), module_state_kept(model):
+    with training_mode(model, training), module_state_kept(model), _factories_take_proxy_sizes():
         while True:
             tracer = PrunefxTracer(num_inputs, [*leaves, *auto], example_inputs or ())
             try:
@@ -295,8 +321,8 @@ def trace(
                         "tensor-dependent Python control flow (e.g. `if x.sum() > 0:`) from forward"
                     ) from exc
                 auto[culprit] = f"{type(exc).__name__} at {where}"
-    name = type(model).__name__
-    gm = fx.GraphModule(tracer.root, graph, name)
+        # inside the block: tensor constants fx stowed on the root (_tensor_constant0) are removed on leaving it
+        gm = fx.GraphModule(tracer.root, graph, type(model).__name__)
     own = {
         n for n, _ in (*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False))
     }

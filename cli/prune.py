@@ -210,6 +210,8 @@ def _prune_once(
     for warning in report["warnings"]:
         console.print(f"[yellow]warning: {warning}[/yellow]")
     console.print(f"[green]verify: {pruned['verify']}[/green]")
+    for frozen in pruned.get("frozen_by_check", []):
+        console.print(f"[yellow]frozen by the check: {frozen['name']}: {frozen['reason']}[/yellow]")
     console.print(f"run directory: {run.root} (report.md, report.html, report.json, plan.json, pruned.pt)")
 
 

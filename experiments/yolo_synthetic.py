@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import math
 import os
 import platform
@@ -40,16 +41,24 @@ AVERAGED = ("map50_95_baseline", "map50_95_sparse", "map50_95_pruned", "map50_95
 
 
 def run_one(model: str, target: float, runs: Path, extra: list[str], baseline: Path | None,
-            seed: int | None = None) -> dict:
+            seed: int | None = None, resume: bool = False) -> dict:
     from prunefx.pipeline import run_config
+    from prunefx.pipeline.rundir import STATE
     from prunefx.report import load_report
 
     name = f"{model}-flops{target:g}" + (f"-seed{seed}" if seed is not None else "")
+    # --resume: a finished run is read back, an interrupted one continues after its last finished stage
+    state = runs / name / STATE
+    status = json.loads(state.read_text()).get("status") if resume and state.is_file() else None
+    again = "resume=true" if status is not None else "exist_ok=true"
     overrides = [*extra, f"model={baseline or model + '.yaml'}", f"prune.target.flops={target}",
-                 *([f"seed={seed}"] if seed is not None else []), f"project={runs}", f"name={name}", "exist_ok=true"]
+                 *([f"seed={seed}"] if seed is not None else []), f"project={runs}", f"name={name}", again]
     start = time.perf_counter()
-    run = run_config(CONFIG, overrides, log=lambda msg: print(f"[{name}] {msg}", flush=True))
-    report = load_report(run.root)
+    if status == "complete":
+        root = runs / name
+    else:
+        root = run_config(CONFIG, overrides, log=lambda msg: print(f"[{name}] {msg}", flush=True)).root
+    report = load_report(root)
     st = report["stages"]
     b, p = st["baseline"], st["pruned"]
     f = st.get("finetuned", p)
@@ -69,7 +78,7 @@ def run_one(model: str, target: float, runs: Path, extra: list[str], baseline: P
         "map50_95_loss_points": 100 * (b["metrics"]["map50_95"] - f["metrics"]["map50_95"]),
         "latency_ms_baseline": b["latency"]["median_ms"] if b["latency"] else None,
         "latency_ms_finetuned": f["latency"]["median_ms"] if f["latency"] else None,
-        "run": str(run.root), "minutes": (time.perf_counter() - start) / 60,
+        "run": str(root), "minutes": _minutes(root, start),
     }  # fmt: skip
 
 
@@ -130,6 +139,15 @@ def control(kind: str, model: str, target: float, runs: Path, extra: list[str], 
             "minutes": (time.perf_counter() - start) / 60}
 
 
+def _minutes(root: Path, start: float) -> float:
+    """Minutes the run's stages took (recorded in its state, so a resumed run counts every stage once)."""
+    from prunefx.pipeline.rundir import STATE
+
+    stages = json.loads((root / STATE).read_text()).get("stages", {})
+    recorded = [s["seconds"] for s in stages.values() if isinstance(s, dict) and "seconds" in s]
+    return sum(recorded) / 60 if recorded else (time.perf_counter() - start) / 60
+
+
 def _nan(v) -> bool:
     try:
         return math.isnan(float(v))
@@ -164,7 +182,7 @@ def _mean_rows(rows: list[dict]) -> list[str]:
 def write(rows: list[dict], out: Path, args: argparse.Namespace, stem: str) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     table.write_csv(rows, out / f"{stem}.csv", FIELDS)
-    shown = [a for a in args.argv if a != "--rewrite"]  # the command that made the rows
+    shown = [a for a in args.argv if a not in ("--rewrite", "--resume")]  # the command that made the rows
     if "--note" in shown:
         del shown[shown.index("--note"):shown.index("--note") + 2]
     cmd = " ".join(["python -m experiments.yolo_synthetic", *map(shlex.quote, shown)])
@@ -236,6 +254,8 @@ def main(argv: list[str] | None = None) -> Path:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a config override for every run (repeatable): a recipe variant, written to its own --stem")
     ap.add_argument("--stem", default=None, help="output file stem (default yolo_synthetic[_quick])")
+    ap.add_argument("--resume", action="store_true",
+                    help="read finished runs back and continue interrupted ones instead of training them again")
     ap.add_argument("--seeds", type=lambda v: [int(s) for s in v.split(",") if s], default=None,
                     help="training seeds, one run each (default: the config's seed)")
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -260,7 +280,7 @@ def main(argv: list[str] | None = None) -> Path:
         baselines: dict[int | None, Path] = {}
         for target in targets:
             for seed in args.seeds or [None]:
-                row = run_one(model, target, runs, extra, baselines.get(seed), seed)
+                row = run_one(model, target, runs, extra, baselines.get(seed), seed, args.resume)
                 rows.append(row)
                 if args.share_baseline:
                     baselines[seed] = Path(row["run"]) / "weights" / "baseline.pt"

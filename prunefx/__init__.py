@@ -27,12 +27,13 @@ _PUBLIC = {
     "verify": "prunefx.verify", "VerifyResult": "prunefx.verify",
     "prune": "prunefx.api", "PruneResult": "prunefx.api",
     "save": "prunefx.checkpoint", "load": "prunefx.checkpoint",
-    "PrunefxError": "prunefx.errors",
+    "PrunefxError": "prunefx.errors", "VerificationError": "prunefx.errors",
 }  # fmt: skip
 __all__ = [  # in pipeline order, as the README introduces them
     "trace", "register_leaf", "analyze", "DependencyGraph", "Group", "Member", "register_rule",
     "score", "Scores", "register_criterion", "make_plan", "PlanConfig", "PlanError", "PruningPlan", "CostModel",
     "apply_plan", "register_fixer", "verify", "VerifyResult", "prune", "PruneResult", "save", "load", "PrunefxError",
+    "VerificationError",
 ]  # fmt: skip
 __version__ = "0.1.0"
 

@@ -17,6 +17,10 @@ class SpecError(PrunefxError):
     """A model SPEC (``torchvision:resnet50``, a checkpoint path, ...) could not be resolved."""
 
 
+class VerificationError(PrunefxError):
+    """The pruned model differs from its masked original, even after freezing the groups that failed the check."""
+
+
 class UntrustedFileError(PrunefxError):
     """A file would run code to load (full unpickling) or to build (an evaluated model yaml), and is not trusted."""
 

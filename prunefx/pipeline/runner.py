@@ -289,6 +289,9 @@ def _prune(ctx: _Ctx, info: dict[str, Any]) -> None:
     info["verify"] = result.verified.message if result.verified is not None else "skipped (prune.verify=false)"
     info["widths"] = [{"name": result.graph.groups[g.group].label, "before": g.before, "after": g.after}
                       for g in result.plan.groups]
+    # groups prune() froze because pruning them failed the oracle (the target was planned again without them)
+    info["frozen_by_check"] = [{"name": result.graph.groups[g].label, "reason": why}
+                               for g, why in result.frozen_by_check]
     if result.latency is not None:  # a latency target: the rounds of planning against measured latency
         info["latency_target"] = {"met": result.latency.met, "note": result.latency.note,
                                   "rounds": [asdict(r) for r in result.latency.rounds]}

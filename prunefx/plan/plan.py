@@ -39,6 +39,7 @@ class PruningPlan:
     groups: tuple[GroupPlan, ...]
     skipped: tuple[tuple[int, str], ...] = ()  # (group id, reason) for prunable groups left alone
     estimate: dict[str, float] = field(default_factory=dict)  # cost model's MACs / params before and after
+    frozen: tuple[tuple[int, str], ...] = ()  # (group id, reason): frozen because pruning them failed the oracle
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -64,6 +65,7 @@ class PruningPlan:
             ),
             skipped=tuple((int(a), str(b)) for a, b in d.get("skipped", ())),
             estimate=dict(d.get("estimate", {})),
+            frozen=tuple((int(a), str(b)) for a, b in d.get("frozen", ())),
         )
 
     @staticmethod
@@ -100,6 +102,7 @@ class PruningPlan:
 
 def validate_plan(dg: DependencyGraph, plan: PruningPlan, *, graph_rewrite: bool = False) -> None:
     """Raise PlanError unless ``plan`` fits ``dg`` exactly; nothing is modified."""
+    dg = dg.with_frozen(plan.frozen)  # a fresh analysis of the model, with the groups prune() froze re-frozen
     if plan.fingerprint != dg.fingerprint():
         raise PlanError(
             f"this plan was made for a different model or input shape (plan {plan.model} {plan.fingerprint}, "

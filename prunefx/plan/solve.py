@@ -221,7 +221,8 @@ def make_plan(
         estimate["latency_ms_before"] = latency.base_ms
         estimate["latency_ms_planned"] = latency.predict({g: int(m.sum()) for g, m in masks.items()})
     return PruningPlan(
-        dg.model_name, dg.fingerprint(), dg.input_shapes, criterion, target, tuple(groups), tuple(skipped), estimate
+        dg.model_name, dg.fingerprint(), dg.input_shapes, criterion, target, tuple(groups), tuple(skipped), estimate,
+        dg.frozen_by_check,
     )
 
 

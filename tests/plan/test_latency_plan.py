@@ -142,7 +142,7 @@ def test_latency_target_without_a_model_is_an_error() -> None:
     [
         ({"latency": 0.0}, r"latency must be in \(0, 1\]"),
         ({"latency": 0.5, "flops": 0.5}, "exactly one target"),
-        ({"latency": 0.5, "round_to": "fast"}, "an integer >= 1 or 'auto'"),
+        ({"latency": 0.5, "round_to": "fast"}, "round_to must be an integer or one of 'auto'"),
     ],
 )
 def test_plan_config_validates_latency(kwargs, match) -> None:

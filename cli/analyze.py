@@ -8,7 +8,7 @@ from rich.console import Console
 
 import prunefx
 from prunefx._io import atomic_write
-from prunefx.spec import FORMS, SIZES, load_spec
+from prunefx.spec import FORMS, SIZES, TRUST_HELP, load_spec
 
 
 def analyze(
@@ -24,11 +24,12 @@ def analyze(
                      dir_okay=False),
     ] = None,
     max_members: Annotated[int, typer.Option(min=1, help="Members listed per group in the table.")] = 6,
+    trust_checkpoint: Annotated[bool, typer.Option("--trust-checkpoint", help=TRUST_HELP)] = False,
     # Read by cli.main's error handler, which is the only code that needs it.
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="On error, also print the traceback.")] = False,
 ) -> None:
     """Trace SPEC and print which channels must be pruned together, and which cannot be pruned and why."""
-    loaded = load_spec(spec, imgsz=imgsz)
+    loaded = load_spec(spec, imgsz=imgsz, trust_checkpoint=trust_checkpoint)
     dg = prunefx.analyze(loaded.model, loaded.example_inputs)
     console = Console()
     console.print(dg.table(max_members=max_members))

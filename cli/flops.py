@@ -13,13 +13,21 @@ from prunefx._io import atomic_write
 from prunefx.integrations.ultralytics.gflops import ultralytics_gflops
 from prunefx.metrics import CONVENTIONS, measure
 from prunefx.metrics import latency as measure_latency
+from prunefx.metrics.backends import Deployment
 from prunefx.metrics.latency import CONVENTION as LATENCY_CONVENTION
-from prunefx.spec import FORMS, SIZES, load_spec
+from prunefx.spec import FORMS, SIZES, TRUST_HELP, load_spec
 
 ULTRALYTICS_CONVENTION = (
     "2 x GMACs of one 1 x C x imgsz x imgsz image counted by ultralytics-thop on the unfused model, "
     "as ultralytics prints it (BatchNorm 4 MACs per element; activations, pooling, cat and add not counted)"
 )
+
+
+class Backend(str, Enum):
+    """What runs the timed forwards."""
+
+    torch = "torch"  # torch eager, eval BatchNorm folded
+    onnxruntime = "onnxruntime"  # ONNX Runtime on an in-memory ONNX export
 
 
 class By(str, Enum):
@@ -43,20 +51,31 @@ def flops(
     threads: Annotated[
         int | None, typer.Option(min=1, help="torch threads while timing (default: torch's).")
     ] = None,
+    backend: Annotated[Backend, typer.Option(help="What runs the timed forwards.")] = Backend.torch,
+    device: Annotated[str, typer.Option(help="Where to time: cpu, cuda, cuda:N.")] = "cpu",
+    trust_checkpoint: Annotated[bool, typer.Option("--trust-checkpoint", help=TRUST_HELP)] = False,
     # Read by cli.main's error handler, which is the only code that needs it.
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="On error, also print the traceback.")] = False,
 ) -> None:
     """Count the MACs and FLOPs (= 2 x MACs) of one forward of SPEC, its parameters and size, and optionally time it."""
-    if threads is not None and not latency:
-        raise typer.BadParameter("only applies to the latency measurement; add --latency.", param_hint="--threads")
-    loaded = load_spec(spec, imgsz=imgsz)
+    for given, hint in ((threads is not None, "--threads"), (backend is not Backend.torch, "--backend"),
+                        (device != "cpu", "--device")):
+        if given and not latency:
+            raise typer.BadParameter("only applies to the latency measurement; add --latency.", param_hint=hint)
+    if latency:  # a missing GPU or onnxruntime fails now, before the model is built
+        Deployment(backend=backend.value, device=device, threads=threads).resolve()
+    loaded = load_spec(spec, imgsz=imgsz, trust_checkpoint=trust_checkpoint)
     image = loaded.example_inputs[0]
     inputs = (image.expand(batch, *image.shape[1:]).contiguous(),)
     cost = measure(loaded.model, inputs, by="leaf")
     # Ultralytics defines its GFLOPs per image (batch 1) whatever the batch; only its models have the convention.
     is_yolo = loaded.kind in ("ultralytics", "checkpoint")
     gflops = ultralytics_gflops(loaded.model, tuple(image.shape[-2:])) if is_yolo else None
-    timing = measure_latency(loaded.model, inputs, threads=threads) if latency else None
+    timing = (
+        measure_latency(loaded.model, inputs, threads=threads, backend=backend.value, device=device)
+        if latency
+        else None
+    )
 
     caption = "FLOPs = 2 x MACs; M = 1e6, G = 1e9, MB = 1e6 bytes of the saved state_dict"
     if gflops is not None:
@@ -74,7 +93,8 @@ def flops(
         table.add_row(
             "latency, median [p10, p90]",
             f"{timing.median_ms:.2f} ms [{timing.p10_ms:.2f}, {timing.p90_ms:.2f}], batch {timing.batch_size}, "
-            f"{timing.threads} threads, {timing.device}",
+            f"{timing.threads} threads, {timing.device}, {timing.backend}: {timing.deployed}"
+            + (f"; {timing.noise}" if timing.noise else ""),
         )
     console = Console()
     console.print(table)

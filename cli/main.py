@@ -1,6 +1,7 @@
 """The ``prunefx`` command line: the commands (one module each) composed into one app, and its error policy."""
 
 import traceback
+import warnings
 from typing import Any
 
 import typer
@@ -8,7 +9,7 @@ from rich.console import Console
 from rich.text import Text
 from typer.core import TyperCommand
 
-from prunefx.errors import PrunefxError
+from prunefx.errors import PrunefxError, TrustWarning
 from prunefx.integrations.ultralytics.env import setup_offline
 
 # Before any command imports ultralytics: it fixes its online flag and config dir at import time.
@@ -16,6 +17,7 @@ setup_offline()
 
 from prunefx.cli.analyze import analyze
 from prunefx.cli.data import shapes
+from prunefx.cli.export import export
 from prunefx.cli.flops import flops
 from prunefx.cli.prune import prune
 from prunefx.cli.report import report
@@ -32,7 +34,9 @@ class _Command(TyperCommand):
 
     def invoke(self, ctx: typer.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            with warnings.catch_warnings():
+                _show_trust_warnings()
+                return super().invoke(ctx)
         except (PrunefxError, OSError) as exc:
             console = Console(stderr=True)
             if ctx.params.get("verbose"):
@@ -40,6 +44,20 @@ class _Command(TyperCommand):
             # soft_wrap: one line however narrow the terminal, so the error stays grep-able.
             console.print(Text(f"error: {_one_line(str(exc))}", style="bold red"), soft_wrap=True)
             raise typer.Exit(2) from exc
+
+
+def _show_trust_warnings() -> None:
+    """Print every TrustWarning (a file loaded with full unpickling) as one yellow ``warning:`` line on stderr."""
+    default = warnings.showwarning
+
+    def show(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+        if issubclass(category, TrustWarning):
+            Console(stderr=True).print(Text(f"warning: {message}", style="yellow"), soft_wrap=True)
+        else:
+            default(message, category, *args, **kwargs)
+
+    warnings.simplefilter("always", TrustWarning)  # every trusted file is named, not only the first
+    warnings.showwarning = show  # restored by the enclosing catch_warnings
 
 
 def _one_line(message: str) -> str:
@@ -56,7 +74,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_show_locals=False,  # locals of a model forward are megabytes of tensors
 )
-for command in (analyze, flops, prune, report):
+for command in (analyze, flops, prune, export, report):
     app.command(cls=_Command)(command)
 data_app = typer.Typer(help="Datasets prunefx generates (nothing is downloaded).", no_args_is_help=True)
 data_app.command(cls=_Command)(shapes)

@@ -1,24 +1,28 @@
 """``prunefx prune SPEC``: analyze -> score -> plan -> rewrite -> verify -> save -> report, in one run directory."""
 
-import shutil
-import tempfile
+import copy
 from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
+import torch
 import typer
 from rich.console import Console
 
 import prunefx
-from prunefx._io import atomic_write
-from prunefx.analysis.view import graph_data
+from prunefx.cli.flops import Backend
 from prunefx.errors import PrunefxError
-from prunefx.integrations.ultralytics.gflops import ultralytics_gflops
-from prunefx.metrics import latency as measure_latency
-from prunefx.metrics import measure
-from prunefx.pipeline import is_config, run_config
-from prunefx.report import Stage, build_report, load_report, render_table, write_graph, write_report
-from prunefx.spec import FORMS, SIZES, load_spec
+from prunefx.metrics import Deployment
+from prunefx.pipeline import run_config
+from prunefx.pipeline.backends.spec import run_spec
+from prunefx.pipeline.config import PruneSpec, RunOptions
+from prunefx.pipeline.rundir import check_replaceable, is_run
+from prunefx.pipeline.runner import ONE_SHOT, Job
+from prunefx.plan import PruningPlan
+from prunefx.report import load_report, render_table
+from prunefx.spec import FORMS, SIZES, TRUST_HELP, LoadedModel, load_spec
+
+CONFIG_SUFFIXES = (".yaml", ".yml")
 
 
 class Scope(str, Enum):
@@ -39,23 +43,39 @@ def prune(
             metavar="[KEY=VALUE]...", help="Config overrides, e.g. epochs=3 prune.target.flops=0.4.", show_default=False
         ),
     ] = None,
-    flops: Annotated[float | None, typer.Option(help="Keep this fraction of the MACs/FLOPs, in (0, 1].")] = None,
+    flops: Annotated[float | None, typer.Option(help="Keep this fraction of the MACs/FLOPs, in (0, 1).")] = None,
     ratio: Annotated[
-        float | None, typer.Option(help="Remove this fraction of the prunable channels, in [0, 1).")
+        float | None, typer.Option(help="Remove this fraction of the prunable channels, in (0, 1).")
     ] = None,
-    params: Annotated[float | None, typer.Option(help="Keep this fraction of the parameters, in (0, 1].")] = None,
+    params: Annotated[float | None, typer.Option(help="Keep this fraction of the parameters, in (0, 1).")] = None,
+    latency_target: Annotated[
+        float | None,
+        typer.Option(help="Keep this fraction of the latency measured on --backend/--device/--threads, in (0, 1)."),
+    ] = None,
     criterion: Annotated[str, typer.Option(help="Channel importance: bn_scale, l1, l2, taylor, random.")] = "bn_scale",
     scope: Annotated[Scope, typer.Option(help="global threshold or per-layer (local) ratio.")] = Scope.global_,
-    round_to: Annotated[int, typer.Option(min=1, help="Round kept widths up to a multiple of this.")] = 1,
+    round_to: Annotated[
+        str,
+        typer.Option(
+            metavar="N|auto",
+            help="Round kept widths up to a multiple of N, or 'auto': to the fast edge of each measured latency step.",
+        ),
+    ] = "1",
     ignore: Annotated[
         list[str] | None, typer.Option(help="fnmatch pattern of modules to leave alone (repeatable).")
     ] = None,
     imgsz: Annotated[int | None, typer.Option(help=f"Input image size (default: {SIZES}).")] = None,
-    out: Annotated[
-        Path | None, typer.Option(help="Run directory (default: runs/prune/<model>).", file_okay=False)
-    ] = None,
-    exist_ok: Annotated[bool, typer.Option(help="Replace an existing run directory.")] = False,
-    latency: Annotated[bool, typer.Option(help="Also measure CPU latency before and after.")] = True,
+    out: Annotated[Path | None, typer.Option(help="Run directory (default: runs/prune/<model>).")] = None,
+    exist_ok: Annotated[bool, typer.Option(help="Replace an existing run directory (only a prunefx run).")] = False,
+    latency: Annotated[
+        bool, typer.Option(help="Also time the baseline and the pruned model (alternating rounds) for the report.")
+    ] = True,
+    backend: Annotated[Backend, typer.Option(help="What runs timed forwards (report and latency target).")] = (
+        Backend.torch
+    ),
+    device: Annotated[str, typer.Option(help="Where forwards are timed: cpu, cuda, cuda:N.")] = "cpu",
+    threads: Annotated[int | None, typer.Option(min=1, help="Threads while timing (default: torch's).")] = None,
+    trust_checkpoint: Annotated[bool, typer.Option("--trust-checkpoint", help=TRUST_HELP)] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="On error, also print the traceback.")] = False,
 ) -> None:
     """Run a pipeline config (train, sparsity, prune, fine-tune, report), or prune SPEC once and write a report.
@@ -63,92 +83,149 @@ def prune(
     With a config (e.g. configs/yolo.yaml) every setting is a config key, overridable as key=value; with a model
     SPEC the options below apply and nothing is trained.
     """
-    if is_config(spec):
-        # An option whose value differs from its default was given: it has no meaning for a config.
-        given = [
-            p.name
-            for p in ctx.command.params
-            if p.name not in ("spec", "overrides", "verbose") and _plain(ctx.params.get(p.name)) != _plain(p.default)
-        ]
-        if given:
-            raise PrunefxError(
-                f"--{given[0].replace('_', '-')} applies to a model SPEC; with a config write it as "
-                "key=value (e.g. prune.target.flops=0.5 prune.round_to=8)"
-            )
-        console = Console()
-        run = run_config(spec, overrides or (), log=console.print)
-        console.print(render_table(load_report(run.root)))
-        console.print(f"[green]report: {run.root / 'report.md'}[/green] (weights: {run.root / 'weights'})")
+    if is_config_argument(spec):
+        _run_pipeline(ctx, spec, list(overrides or ()), trust_checkpoint)
         return
     if overrides:
         raise PrunefxError(
             f"{spec} is not a pipeline config, so key=value overrides ({overrides[0]}) do not apply; "
             "give a config yaml (configs/yolo.yaml) or use the options (--flops 0.5)"
         )
-    if flops is None and ratio is None and params is None:
-        flops = 0.5  # the common ask: half the compute
-    config = prunefx.PlanConfig(
-        ratio=ratio, flops=flops, params=params, scope=scope.value, round_to=round_to, ignore=tuple(ignore or ())
+    rounding = _round_to(round_to)
+    config = prunefx.PlanConfig(  # no target given: PlanConfig's own default (half the FLOPs)
+
+        ratio=ratio, flops=flops, params=params, latency=latency_target, scope=scope.value, round_to=rounding,
+        ignore=tuple(ignore or ()),
     )
-    loaded = load_spec(spec, imgsz=imgsz)
-    run_dir = out or Path("runs/prune") / loaded.name.replace(":", "_").replace("/", "_")
-    if run_dir.exists() and any(run_dir.iterdir()) and not exist_ok:
-        raise PrunefxError(f"{run_dir} already holds a run; pick another --out or pass --exist-ok to replace it")
+    keeps_all = [f"--{k} {v}" for k, v, full in (("flops", flops, 1.0), ("params", params, 1.0), ("ratio", ratio, 0.0),
+                                                  ("latency-target", latency_target, 1.0)) if v == full]
+    if keeps_all:  # the planner accepts these targets; a one-shot prune with them would write an unpruned model
+        raise PrunefxError(f"{keeps_all[0]} keeps every channel, so there is nothing to prune; give a target that "
+                           "removes some (e.g. --flops 0.5 or --ratio 0.3)")
+    run_dir = out or Path("runs/prune") / spec.strip().replace(":", "_").replace("/", "_").replace("\\", "_")
+    _check_out(run_dir, exist_ok)  # before any work: refusing later would waste it
+    deployment = Deployment(backend=backend.value, device=device, threads=threads)
+    if latency or latency_target is not None or rounding == "auto":
+        deployment.resolve()  # a missing GPU or onnxruntime fails now, before any work
+    loaded = load_spec(spec, imgsz=imgsz, trust_checkpoint=trust_checkpoint)
+    _check_train_mode(loaded)
+    _prune_once(loaded, spec, config, criterion, run_dir, latency, deployment)
+
+
+def is_config_argument(arg: str) -> bool:
+    """Whether ``prune``'s argument names a pipeline config (any .yaml/.yml path), not a model SPEC.
+
+    Decided by what the argument is, so a missing, empty or broken config gets the config loader's message. An
+    ultralytics *model* yaml given here is neither: a model is named ``ultralytics:PATH``.
+    """
+    if not arg.lower().endswith(CONFIG_SUFFIXES) or arg.startswith("ultralytics:"):
+        return False
+    path = Path(arg)
+    if path.is_file():
+        import yaml
+
+        try:
+            data = yaml.safe_load(path.read_text())
+        except UnicodeDecodeError as exc:  # the config loader reads text and would not say this
+            raise PrunefxError(f"config {arg} is not a text (UTF-8 YAML) file: {exc}; give a YAML config such as "
+                               "configs/yolo.yaml") from exc
+        except yaml.YAMLError:
+            return True  # the config loader says what is wrong
+        if isinstance(data, dict) and "backbone" in data and "head" in data and "model" not in data:
+            raise PrunefxError(
+                f"{arg} is an ultralytics model yaml, not a pipeline config; prune the model once with "
+                f"`prunefx prune ultralytics:{arg}`, or train and prune it with a config whose model: is {arg}"
+            )
+    return True
+
+
+def _run_pipeline(ctx: typer.Context, path: str, overrides: list[str], trust_checkpoint: bool) -> None:
+    # An option whose value differs from its default was given: it has no meaning for a config.
+    given = [
+        p.name
+        for p in ctx.command.params
+        if p.name not in ("spec", "overrides", "verbose", "trust_checkpoint")
+        and _plain(ctx.params.get(p.name)) != _plain(p.default)
+    ]
+    if given:
+        raise PrunefxError(
+            f"--{given[0].replace('_', '-')} applies to a model SPEC; with a config write it as "
+            "key=value (e.g. prune.target.flops=0.5 prune.round_to=8)"
+        )
+    if trust_checkpoint:
+        overrides = [*overrides, "trust_checkpoint=true"]
     console = Console()
-    model, inputs = loaded.model, loaded.example_inputs
-    is_yolo = loaded.kind in ("ultralytics", "checkpoint")
+    run = run_config(path, overrides, log=console.print)
+    console.print(render_table(load_report(run.root)))
+    console.print(f"[green]report: {run.root / 'report.md'}[/green] (weights: {run.root / 'weights'})")
 
-    def stage() -> Stage:
-        extra = {"ultralytics_gflops": ultralytics_gflops(model, tuple(inputs[0].shape[-2:]))} if is_yolo else {}
-        return Stage(measure(model, inputs), measure_latency(model, inputs) if latency else None, extra)
 
-    with console.status("measuring the baseline"):
-        baseline = stage()
-    with console.status("analyzing, scoring, planning, rewriting, verifying"):
-        result = prunefx.prune(model, inputs, config, criterion=criterion)
-    with console.status("measuring the pruned model"):
-        pruned = stage()
-    widths = [(result.graph.groups[g.group].label, g.before, g.after) for g in result.plan.groups]
-    report = build_report(
-        model=loaded.name,
-        baseline=baseline,
-        pruned=pruned,
-        widths=widths,
-        settings={
-            "spec": spec,
-            "criterion": criterion,
-            "target": result.plan.target,
-            "verify": result.verified.message,
-            "input_shapes": [list(s) for s in result.plan.input_shapes],
-        },
-    )
+def _check_out(run_dir: Path, exist_ok: bool) -> None:
+    """The run directory can be written: missing or empty, or (with --exist-ok) a prunefx run to replace."""
+    check_replaceable(run_dir)  # a file, or a directory that is not a run, is never replaced
+    if run_dir.is_dir() and any(run_dir.iterdir()) and not exist_ok:
+        what = "holds a run" if is_run(run_dir) else "is not empty"
+        raise PrunefxError(f"{run_dir} already {what}; pick another --out or pass --exist-ok to replace it")
 
-    # Build the run in a sibling temp dir and move it into place: a half-written run never looks finished.
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=run_dir.parent, prefix=f".{run_dir.name}."))
+
+def _check_train_mode(loaded: LoadedModel) -> None:
+    """The original must run in train mode on the example input: the oracle checks the pruned model in both modes."""
+    probe = copy.deepcopy(loaded.model).train()  # a copy: train-mode forwards update BatchNorm statistics
     try:
-        atomic_write(tmp / "plan.json", result.plan.to_json().encode())
-        write_graph(tmp, graph_data(result.graph, result.plan))  # report.html draws the graph from it
-        if is_yolo:
-            from prunefx.integrations.ultralytics.io import save_yolo
+        with torch.no_grad():
+            probe(*loaded.example_inputs)
+    except Exception as exc:  # any failure means the check cannot run here
+        shape = "x".join(map(str, loaded.example_inputs[0].shape))
+        detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise PrunefxError(
+            f"{loaded.name} cannot run in train mode on one {shape} input ({type(exc).__name__}: {detail}); the "
+            "pruned model is verified in eval and train mode, so give a larger --imgsz"
+        ) from exc
 
-            save_yolo(model, tmp / "pruned.pt", plan=result.plan)
-        else:
-            prunefx.save(model, result.plan, tmp / "pruned.pt")
-        write_report(tmp, report)
-        if run_dir.exists():
-            shutil.rmtree(run_dir)
-        tmp.rename(run_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+def _prune_once(
+    loaded: LoadedModel,
+    spec: str,
+    config: prunefx.PlanConfig,
+    criterion: str,
+    run_dir: Path,
+    latency: bool,
+    deployment: Deployment,
+) -> None:
+    """The pipelines' stage loop without training (baseline -> prune -> report), run directory built aside."""
+    console = Console()
+    prune_spec = PruneSpec(criterion=criterion, plan=config, latency=latency)
+    job = Job(prune=prune_spec, run=RunOptions(project=str(run_dir.parent), name=run_dir.name),
+              config={"spec": spec, "prune": prune_spec.to_dict()}, stages=ONE_SHOT)
+    status = "measuring latencies, planning against them, " if config.latency is not None else "analyzing, scoring, "
+    with console.status(status + "planning, rewriting, verifying, measuring"):
+        run = run_spec(job, loaded, run_dir, deployment=deployment, log=lambda _msg: None)
+    report = load_report(run.root)
+    pruned = run.done("prune")
     console.print(render_table(report))
-    console.print(result.plan.summary())
-    style = "green" if result.verified.ok else "bold red"
-    console.print(f"[{style}]verify: {result.verified.message}[/{style}]")
-    console.print(f"run directory: {run_dir} (report.md, report.html, report.json, plan.json, pruned.pt)")
-    if not result.verified.ok:
-        raise typer.Exit(1)
+    console.print(PruningPlan.from_json((run.root / "plan.json").read_text()).summary())
+    if pruned.get("latency_target"):
+        met = pruned["latency_target"]["met"]
+        console.print(f"latency target: {pruned['latency_target']['note']}", style="green" if met else "yellow")
+    for warning in report["warnings"]:
+        console.print(f"[yellow]warning: {warning}[/yellow]")
+    console.print(f"[green]verify: {pruned['verify']}[/green]")
+    for frozen in pruned.get("frozen_by_check", []):
+        console.print(f"[yellow]frozen by the check: {frozen['name']}: {frozen['reason']}[/yellow]")
+    console.print(f"run directory: {run.root} (report.md, report.html, report.json, plan.json, pruned.pt)")
+
+
+def _round_to(text: str) -> int | str:
+    """--round-to's value: 'auto' or a positive integer."""
+    if text == "auto":
+        return "auto"
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise typer.BadParameter(f"expected a positive integer or 'auto', got {text!r}", param_hint="--round-to")
+    return value
 
 
 def _plain(value: object) -> object:

@@ -6,6 +6,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from prunefx.errors import PrunefxError
+from prunefx.pipeline.rundir import check_finished
 from prunefx.report import load_report, render_table, write_report, write_report_html
 
 
@@ -19,6 +21,11 @@ def report(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="On error, also print the traceback.")] = False,
 ) -> None:
     """Print the results table of the run in RUN_DIR, validating its report.json."""
+    if not run_dir.is_dir():
+        what = "does not exist" if not run_dir.exists() else "is a file, not a directory"
+        raise PrunefxError(f"{run_dir} {what}; give the directory of a pruning run (the one holding report.json, "
+                           "e.g. runs/prune/yolo)")
+    check_finished(run_dir)  # a run (it has a state.json) counts only once its last stage finished
     data = load_report(run_dir)
     console = Console()
     console.print(render_table(data))

@@ -21,23 +21,19 @@ Writes ``<out>/analysis_speed.csv`` and ``<out>/analysis_speed.md`` (machine, ve
 from __future__ import annotations
 
 import argparse
-import contextlib
-import csv
-import datetime as dt
 import gc
 import importlib.metadata
 import math
 import multiprocessing as mp
 import os
-import platform
 import statistics
-import subprocess
-import sys
 import time
 import traceback
 import warnings
 from pathlib import Path
 from typing import Any
+
+from experiments import _table as table
 
 QUICK_MODELS = ["resnet18", "mobilenet_v3_small", "squeezenet1_1"]
 TOOLS = ("prunefx", "tp_real", "tp_meta")
@@ -177,10 +173,6 @@ class Worker:
             return out
 
 
-def _median(times: list[float]) -> float | None:
-    return statistics.median(times) if times else None
-
-
 def bench(models: list[str], repeats: int, timeout: float, threads: int, tp: bool, log=print) -> list[dict]:
     worker = Worker(threads)
     worker.start()
@@ -191,7 +183,7 @@ def bench(models: list[str], repeats: int, timeout: float, threads: int, tp: boo
             row: dict[str, Any] = {"model": name, "input": f"1x3x{_input_size(name)}x{_input_size(name)}"}
             for tool in tools:
                 res = worker.measure(name, tool, repeats, timeout)
-                row[f"{tool}_s"] = _median(res["times"]) if res["status"] == "ok" else None
+                row[f"{tool}_s"] = table.median(res["times"]) if res["status"] == "ok" else None
                 row[f"{tool}_status"] = res["status"]
                 if res["error"]:
                     row["errors"] = "; ".join(filter(None, [row.get("errors"), f"{tool}: {res['error']}"]))
@@ -229,50 +221,15 @@ def _fmt(seconds: float | None, status: str | None) -> str:
 
 # ---- reporting -----------------------------------------------------------------------------------------------------
 def machine_info(threads: int, repeats: int, timeout: float) -> dict[str, str]:
-    import torch
-    import torchvision
-
-    import prunefx
-
-    cpu = platform.processor() or ""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
     try:
         tp_version = importlib.metadata.version("torch-pruning")
     except importlib.metadata.PackageNotFoundError:
         tp_version = "not installed"
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip() or "?"  # fmt: skip
-    return {
-        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "cpu": f"{cpu} ({os.cpu_count()} logical CPUs visible)",
-        "load average at start": " ".join(f"{x:.1f}" for x in os.getloadavg()),
-        "threads": str(threads),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "torchvision": torchvision.__version__,
-        "prunefx": f"{prunefx.__version__} (git {commit})",
+    return table.machine_info(threads, **{
         "torch-pruning": tp_version,
         "repeats": f"{repeats} per model and tool, statistic: median (prunefx_min_s: minimum)",
         "timeout": f"{timeout:g} s per run",
-    }
-
-
-def write_csv(rows: list[dict], path: Path) -> None:
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
-        w.writeheader()
-        for row in rows:
-            w.writerow({k: _csv_value(row.get(k)) for k in CSV_FIELDS})
-
-
-def _csv_value(v: Any) -> Any:
-    if v is None:
-        return ""
-    return round(v, 4) if isinstance(v, float) else v
+    })
 
 
 def _cell(row: dict, tool: str) -> str:
@@ -347,7 +304,7 @@ def print_table(rows: list[dict]) -> None:
         console.print(line)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> Path:
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -357,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds one run may take before it is killed")
     ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads in the worker")
     ap.add_argument("--no-tp", action="store_true", help="time prunefx only, even if torch-pruning is installed")
-    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results", help="output directory")
+    ap.add_argument("--out", type=Path, default=table.RESULTS, help="output directory")
     args = ap.parse_args(argv)
 
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # inherited by the spawned worker
@@ -374,12 +331,12 @@ def main(argv: list[str] | None = None) -> int:
     rows = bench(models, repeats, args.timeout, args.threads, tp=not args.no_tp)
     info["wall time"] = f"{time.perf_counter() - t0:.0f} s"
     args.out.mkdir(parents=True, exist_ok=True)
-    write_csv(rows, args.out / "analysis_speed.csv")
+    table.write_csv(rows, args.out / "analysis_speed.csv", CSV_FIELDS, digits=4)
     write_md(rows, info, args.out / "analysis_speed.md")
     print_table(rows)
     print(f"wrote {args.out / 'analysis_speed.csv'} and {args.out / 'analysis_speed.md'}")
-    return 0
+    return args.out / "analysis_speed.md"
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

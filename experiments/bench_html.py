@@ -13,7 +13,6 @@ columns say so.
 from __future__ import annotations
 
 import argparse
-import csv
 import functools
 import os
 import platform
@@ -26,6 +25,7 @@ from pathlib import Path
 import torch
 
 import prunefx
+from experiments import _table as table
 from prunefx.analysis.view import graph_data
 from prunefx.report import groups_html
 
@@ -115,10 +115,7 @@ def run(args: argparse.Namespace) -> tuple[list[dict], str]:
 
 def write(rows: list[dict], why: str, args: argparse.Namespace, stem: str, command: str) -> Path:
     args.out.mkdir(parents=True, exist_ok=True)
-    with open(args.out / f"{stem}.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=FIELDS)
-        w.writeheader()
-        w.writerows(rows)
+    table.write_csv(rows, args.out / f"{stem}.csv", FIELDS)
     load = " ".join(f"{v:.1f}" for v in os.getloadavg())
     browser = why or f"Chromium headless 1500x950, median of {args.loads} loads (max in brackets)"
     lines = [f"# HTML view: build and render time ({', '.join(args.models)})", "",
@@ -145,7 +142,7 @@ def main(argv: list[str] | None = None) -> Path:
                     default=["resnet18", "ultralytics:yolov8n.yaml", "efficientnet_b0", "densenet201",
                              "efficientnet_v2_l", "maxvit_t"])
     ap.add_argument("--loads", type=int, default=5)
-    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    ap.add_argument("--out", type=Path, default=table.RESULTS)
     args = ap.parse_args(argv)
     if args.quick:
         args.models, args.loads = ["resnet18"], 2

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import csv
 import os
 import platform
 import sys
@@ -24,6 +23,7 @@ import torchvision
 from torch.fx.experimental.optimization import fuse
 
 import prunefx
+from experiments import _table as table
 from prunefx.metrics import latency, measure
 
 FIELDS = ["model", "target", "round_to", "batch", "variant", "gmacs", "macs_ratio", "median_ms", "p10_ms", "p90_ms",
@@ -73,10 +73,7 @@ def run(args: argparse.Namespace) -> list[dict]:
 
 def write(rows: list[dict], args: argparse.Namespace, stem: str, command: str) -> Path:
     args.out.mkdir(parents=True, exist_ok=True)
-    with open(args.out / f"{stem}.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=FIELDS)
-        w.writeheader()
-        w.writerows(rows)
+    table.write_csv(rows, args.out / f"{stem}.csv", FIELDS)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     lines = [
         f"# CPU latency vs MACs: {', '.join(args.models)}",
@@ -112,7 +109,7 @@ def parser(**defaults) -> argparse.ArgumentParser:
     ap.add_argument("--size", type=int, default=224)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--out", type=Path, default=Path("experiments/results"))
+    ap.add_argument("--out", type=Path, default=table.RESULTS)
     ap.add_argument("--stem", default="latency_vs_macs")
     ap.set_defaults(**defaults)
     return ap

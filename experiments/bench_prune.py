@@ -30,16 +30,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import csv
-import datetime as dt
 import gc
 import importlib.metadata
 import math
 import os
-import platform
 import signal
 import statistics
-import subprocess
 import sys
 import time
 import traceback
@@ -54,6 +50,7 @@ import torchvision
 from torch import nn
 
 import prunefx
+from experiments import _table as table
 from prunefx.metrics import measure
 
 DEFAULT_MODELS = [
@@ -184,10 +181,6 @@ def footprint(model: nn.Module, x: torch.Tensor) -> dict[str, Any]:
     return {"params_m": params, "gmacs": gmacs, "forward": forward}
 
 
-def _median(xs: list[float]) -> float | None:
-    return statistics.median(xs) if xs else None
-
-
 def bench_model(
     name: str, repeats: int, timeout: float, tp: ModuleType | None, log: Callable[[str], None]
 ) -> dict[str, Any]:
@@ -232,11 +225,11 @@ def bench_model(
         if status[key] != "ok":
             continue
         for stage in stages:
-            row[f"{key}_{stage}_s"] = _median([t[stage] for t in times[key]])
+            row[f"{key}_{stage}_s"] = table.median([t[stage] for t in times[key]])
         # totals are medians of per-repeat sums, not sums of medians
-        row[f"{key}_total_s"] = _median([sum(t.values()) for t in times[key]])
+        row[f"{key}_total_s"] = table.median([sum(t.values()) for t in times[key]])
         if key == "pfx":
-            row["pfx_spa_s"] = _median([t["score_plan"] + t["apply"] for t in times[key]])
+            row["pfx_spa_s"] = table.median([t["score_plan"] + t["apply"] for t in times[key]])
         fp = footprint(pruned[key], x)
         row.update({f"{key}_{k}": v for k, v in fp.items()})
     for ratio, (num, den) in {"tp_step_over_pfx_spa": ("tp_step_s", "pfx_spa_s"),
@@ -273,42 +266,12 @@ def tp_version(tp: ModuleType | None) -> str:
 
 
 def machine_info(threads: int, repeats: int, timeout: float, tp: ModuleType | None) -> dict[str, str]:
-    cpu = platform.processor() or "?"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip() or "?"  # fmt: skip
-    return {
-        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": f"{cpu}; {os.cpu_count()} logical CPUs, {len(os.sched_getaffinity(0))} usable by this process",
-        "load average at start (1/5/15 min)": " ".join(f"{v:.1f}" for v in os.getloadavg()),
-        "torch threads": str(threads),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "torchvision": torchvision.__version__,
+    return table.machine_info(threads, **{
         "torch-pruning": tp_version(tp),
-        "prunefx": f"{prunefx.__version__} (git {commit})",
         "repeats": f"{repeats} per model and tool, each on a fresh model copy; statistic: median",
         "timeout": f"{timeout:g} s per run",
         "target": f"ratio {RATIO} of channels, global ranking, at most {MAX_RATIO} of any group",
-    }
-
-
-def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
-        w.writeheader()
-        for row in rows:
-            w.writerow({k: _csv_value(row.get(k)) for k in CSV_FIELDS})
-
-
-def _csv_value(v: Any) -> Any:
-    if v is None:
-        return ""
-    return round(v, 4) if isinstance(v, float) else v
+    })
 
 
 def _s(row: dict[str, Any], key: str, tool: str) -> str:
@@ -422,7 +385,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         console.print(line)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> Path:
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -431,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per model and tool; the median is reported")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds one run of one tool may take")
     ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
-    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results", help="output directory")
+    ap.add_argument("--out", type=Path, default=table.RESULTS, help="output directory")
     args = ap.parse_args(argv)
 
     models = args.models.split(",") if args.models else QUICK_MODELS if args.quick else DEFAULT_MODELS
@@ -451,12 +414,12 @@ def main(argv: list[str] | None = None) -> int:
     info["load average at end (1/5/15 min)"] = " ".join(f"{v:.1f}" for v in os.getloadavg())
     info["wall time"] = f"{time.perf_counter() - t0:.0f} s"
     args.out.mkdir(parents=True, exist_ok=True)
-    write_csv(rows, args.out / "prune_speed.csv")
+    table.write_csv(rows, args.out / "prune_speed.csv", CSV_FIELDS, digits=4)
     write_md(rows, info, args.out / "prune_speed.md")
     print_table(rows)
     print(f"wrote {args.out / 'prune_speed.csv'} and {args.out / 'prune_speed.md'}")
-    return 0
+    return args.out / "prune_speed.md"
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import csv
 import math
 import platform
 from pathlib import Path
@@ -22,6 +21,7 @@ from sklearn.datasets import load_digits
 from torch import nn
 
 import prunefx
+from experiments import _table as table
 from prunefx.train import BNSparsity, TargetSparsity
 
 
@@ -70,7 +70,7 @@ def top1(model: nn.Module, test_set) -> float:
 def main(argv: list[str] | None = None) -> Path:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="1 seed, 3 epochs (smoke test)")
-    ap.add_argument("--out", type=Path, default=Path("experiments/results"))
+    ap.add_argument("--out", type=Path, default=table.RESULTS)
     args = ap.parse_args(argv)
     seeds, epochs = ((0,), 3) if args.quick else ((0, 1, 2), 30)
     torch.set_num_threads(1)
@@ -89,10 +89,7 @@ def main(argv: list[str] | None = None) -> Path:
                              "verified": r.verified.ok})
                 print(rows[-1], flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    with open(args.out / "bias_compensation.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    table.write_csv(rows, args.out / "bias_compensation.csv", list(rows[0]))
     lines = ["# Bias compensation right after pruning (digits, bn_scale, 2x fewer MACs, no fine-tuning)", "",
              f"Command: `python -m experiments.bias_compensation{' --quick' if args.quick else ''}`. Machine: "
              f"{platform.machine()}, 1 torch thread, torch {torch.__version__}; seeds {list(seeds)}, {epochs} epochs, "

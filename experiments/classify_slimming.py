@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import csv
-import json
 import os
 import platform
 import statistics
@@ -25,7 +23,9 @@ from typing import Any
 
 import torch
 
-from prunefx.pipeline.classify import ClassifyJob, run_classify
+from experiments import _table as table
+from prunefx.pipeline.backends.classify import ClassifyJob, run_classify
+from prunefx.pipeline.rundir import RunDir, RunError
 from prunefx.report import load_report
 
 # The recipes measured. Everything a run does is in its config.yaml under --runs.
@@ -109,9 +109,9 @@ def _run(config: dict[str, Any]) -> tuple[Path, float]:
 
     root = Path(config["project"]) / config["name"]
     try:
-        state = json.loads((root / "state.json").read_text())
+        state = RunDir.reload(root).state
         same = yaml.safe_load((root / "config.yaml").read_text()) == config
-    except (OSError, ValueError):
+    except (OSError, ValueError, RunError):
         state, same = {}, False
     if same and state.get("status") == "complete":
         print(f"    reusing the finished run {root}", flush=True)
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> Path:
     ap.add_argument(
         "--out",
         type=Path,
-        default=Path("experiments/results"),
+        default=table.RESULTS,
         help="where classify_slimming.{md,csv} go (--quick: classify_slimming_quick.{md,csv})",
     )
     ap.add_argument(
@@ -140,18 +140,12 @@ def main(argv: list[str] | None = None) -> Path:
     ap.add_argument("--render", action="store_true", help="only re-render the table from the existing CSV in --out")
     ap.add_argument("--datasets", nargs="+", default=["synthetic", "digits"], choices=list(RECIPES))
     args = ap.parse_args(argv)
-    args.runs = args.runs or Path("runs/experiments") / (
+    args.runs = args.runs or table.RUNS / (
         "classify_slimming_quick" if args.quick else "classify_slimming"
     )
     seeds = tuple(args.seeds) if args.seeds else (0,) if args.quick else (0, 1, 2)
     if args.render:
-        with open(args.out / f"{_stem(args)}.csv") as f:
-            rows = [
-                {k: (v if k in ("dataset", "target", "verify") else float(v)) for k, v in r.items()}
-                for r in csv.DictReader(f)
-            ]
-        for r in rows:
-            r["seed"] = int(r["seed"])
+        rows = table.read_csv(args.out / f"{_stem(args)}.csv")
         path = args.out / f"{_stem(args)}.md"
         path.write_text(
             _markdown(rows, args, seeds, sum(r["seconds"] for r in rows), (float("nan"),) * 3, os.getloadavg())
@@ -175,7 +169,7 @@ def main(argv: list[str] | None = None) -> Path:
             for target, root, seconds in (("2x", root2, s2), ("4x", root4, s4)):
                 rep = load_report(root)
                 st = rep["stages"]
-                state = json.loads((root2 / "state.json").read_text())
+                state = RunDir.reload(root2).state
                 rows.append(
                     {
                         "dataset": dataset,
@@ -207,10 +201,7 @@ def _write(
     load_before: tuple[float, ...],
 ) -> Path:
     args.out.mkdir(parents=True, exist_ok=True)
-    with open(args.out / f"{_stem(args)}.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=FIELDS)
-        w.writeheader()
-        w.writerows(rows)
+    table.write_csv(rows, args.out / f"{_stem(args)}.csv", FIELDS)
     path = args.out / f"{_stem(args)}.md"
     path.write_text(_markdown(rows, args, seeds, total, load_before, os.getloadavg()))
     return path

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import copy
-import csv
 import math
 import multiprocessing
 import os
@@ -34,6 +33,7 @@ import torch
 from torch import nn
 
 import prunefx
+from experiments import _table as table
 from prunefx.data.classification import ClassificationData, DatasetSpec, load_dataset
 from prunefx.metrics import measure
 from prunefx.train import SparsityConfig, TrainConfig, evaluate, fit, fraction_below
@@ -246,7 +246,8 @@ def run_dataset(
                     grid.baseline_epochs,
                     BASE_LR,
                     seed,
-                    SparsityConfig(s=s, target=target, select=select),
+                    SparsityConfig(s=s, schedule="constant" if target is None else "target", target=target or 0.5,
+                                   selective=select is not None),
                 )
                 if ("sparse", label, 1.0) in todo[label]:
                     row("sparse", label, 1.0, seed, sparse, t0, top1_full=top1(sparse, data))
@@ -488,15 +489,6 @@ def render(rows: list[dict[str, Any]], grids: dict[str, Grid], args: argparse.Na
     return "\n".join(lines)
 
 
-def read_csv(path: Path) -> list[dict[str, Any]]:
-    """The raw rows written by a run, with numbers parsed back (for ``--render``)."""
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
-    text = ("dataset", "method", "sparsity")
-    ints = ("seed", "macs", "params")
-    return [{k: v if k in text else int(v) if k in ints else float(v) for k, v in r.items()} for r in rows]
-
-
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
@@ -546,7 +538,7 @@ def main(argv: list[str] | None = None) -> Path:
     """
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="one seed, one target, 1-epoch stages, few images (CI)")
-    ap.add_argument("--out", type=Path, default=Path("experiments/results"))
+    ap.add_argument("--out", type=Path, default=table.RESULTS)
     ap.add_argument("--render", action="store_true", help="only re-render the md and png from the csv in --out")
     ap.add_argument(
         "--resume",
@@ -564,7 +556,7 @@ def main(argv: list[str] | None = None) -> Path:
     torch.set_num_threads(args.threads)
     grids, stem = (QUICK, "slimming_quick") if args.quick else (FULL, "slimming")
     path = args.out / f"{stem}.csv"
-    rows = read_csv(path) if (args.render or args.resume) and path.is_file() else []
+    rows = table.read_csv(path) if (args.render or args.resume) and path.is_file() else []
     if not args.render:
         args.out.mkdir(parents=True, exist_ok=True)
         have: dict[tuple[str, int], set[tuple[str, str, float]]] = {}
@@ -627,10 +619,7 @@ def write(rows: list[dict[str, Any]], grids: dict[str, Grid], args: argparse.Nam
 
     rows.sort(key=place)
     if not args.render:
-        with open(args.out / f"{stem}.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=COLUMNS)
-            w.writeheader()
-            w.writerows(rows)
+        table.write_csv(rows, args.out / f"{stem}.csv", COLUMNS)
     plot(rows, args.out / f"{stem}.png")
     md = args.out / f"{stem}.md"
     md.write_text(render(rows, grids, args, stem))

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from experiments._table import RESULTS, write_csv
+
 ROOT = Path(__file__).resolve().parents[1]
 ROUNDS = 6  # base and model alternate this many times; each round times repeats / ROUNDS forwards
 FIELDS = ["table", "model", "target_flops", "imgsz", "gflops640_baseline", "gflops640_model", "gflops_ratio",
@@ -102,10 +104,7 @@ def quick_entries(tmp: Path) -> list[tuple[str, float, Path, Path]]:
 
 def write(rows: list[dict], args: argparse.Namespace, stem: str) -> Path:
     args.out.mkdir(parents=True, exist_ok=True)
-    with open(args.out / f"{stem}.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=FIELDS)
-        w.writeheader()
-        w.writerows(rows)
+    write_csv(rows, args.out / f"{stem}.csv", FIELDS)
     cmd = "python -m experiments.yolo_latency" + (" --quick" if args.quick else "")
     lines = [
         f"# CPU latency of the YOLO tables' models ({stem})",
@@ -146,7 +145,7 @@ def main(argv: list[str] | None = None) -> Path:
     ap.add_argument("--imgsz", type=lambda s: [int(v) for v in s.split(",")], default=[128, 640])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=60)
-    ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "results")
+    ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
     from prunefx.integrations.ultralytics.env import setup_offline
 

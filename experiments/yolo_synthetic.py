@@ -1,53 +1,74 @@
 """YOLO on the embedded synthetic set: baseline / pruned / fine-tuned mAP and cost at several GFLOPs targets.
 
-    python -m experiments.yolo_synthetic [--quick] [--models yolov8n,yolo11n] [--targets 0.75,0.5,0.35]
+    python -m experiments.yolo_synthetic [--quick] [--models yolov8n,yolo11n] [--targets 0.75,0.5,0.35] [--seeds 0,1,2]
 
-Runs ``prunefx prune configs/yolo.yaml`` (the README's main job) once per model and target. The baseline is
-trained once per model (the first target's run) and every other target starts from that run's
-``weights/baseline.pt``, so all targets of a model share one baseline. Writes ``yolo_synthetic.csv`` and
-``yolo_synthetic.md`` into ``--out``; the run directories go to ``--runs``.
+Runs ``prunefx prune configs/yolo.yaml`` (the README's main job) once per model, target and seed. When the sparse
+model continues from the baseline (``prune.sparsity.start: baseline``) the baseline is trained once per model and
+seed (the first target's run) and every other target starts from that run's ``weights/baseline.pt``. With several
+seeds the table adds a mean +- std row per model and target. Writes ``<stem>.csv`` and ``<stem>.md`` into
+``--out``; the run directories go to ``--runs``.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
+import json
 import math
 import os
 import platform
 import shlex
+import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
 
+from experiments import _table as table
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "yolo.yaml"
 QUICK = ["imgsz=64", "batch=8", "nbs=8", "epochs=1", "prune.sparsity.epochs=1", "prune.finetune.epochs=1",
          "prune.data.n_train=32", "prune.data.n_val=16", "prune.data.imgsz=64"]
-FIELDS = ["model", "target_flops", "gflops640_baseline", "gflops640_pruned", "gflops_ratio", "params_m_baseline",
-          "params_m_pruned", "map50_baseline", "map50_95_baseline", "map50_pruned", "map50_95_pruned",
-          "map50_finetuned", "map50_95_finetuned", "map50_95_loss_points", "latency_ms_baseline",
-          "latency_ms_finetuned", "run", "minutes"]
+FIELDS = ["model", "target_flops", "seed", "gflops640_baseline", "gflops640_pruned", "gflops_ratio",
+          "params_m_baseline", "params_m_pruned", "map50_baseline", "map50_95_baseline", "map50_95_sparse",
+          "gammas_below_0.01", "map50_pruned", "map50_95_pruned", "map50_finetuned", "map50_95_finetuned",
+          "map50_95_cut_points", "map50_95_loss_points", "latency_ms_baseline", "latency_ms_finetuned", "run",
+          "minutes", "load_average"]
+AVERAGED = ("map50_95_baseline", "map50_95_sparse", "map50_95_pruned", "map50_95_finetuned", "map50_95_cut_points",
+            "map50_95_loss_points", "gammas_below_0.01", "minutes")
 
 
-def run_one(model: str, target: float, runs: Path, extra: list[str], baseline: Path | None) -> dict:
+def run_one(model: str, target: float, runs: Path, extra: list[str], baseline: Path | None,
+            seed: int | None = None, resume: bool = False) -> dict:
     from prunefx.pipeline import run_config
+    from prunefx.pipeline.rundir import STATE
     from prunefx.report import load_report
 
-    name = f"{model}-flops{target:g}"
+    name = f"{model}-flops{target:g}" + (f"-seed{seed}" if seed is not None else "")
+    # --resume: a finished run is read back, an interrupted one continues after its last finished stage
+    state = runs / name / STATE
+    status = json.loads(state.read_text()).get("status") if resume and state.is_file() else None
+    again = "resume=true" if status is not None else "exist_ok=true"
     overrides = [*extra, f"model={baseline or model + '.yaml'}", f"prune.target.flops={target}",
-                 f"project={runs}", f"name={name}", "exist_ok=true"]
+                 *([f"seed={seed}"] if seed is not None else []), f"project={runs}", f"name={name}", again]
     start = time.perf_counter()
-    run = run_config(CONFIG, overrides, log=lambda msg: print(f"[{name}] {msg}", flush=True))
-    report = load_report(run.root)
+    if status == "complete":
+        root = runs / name
+    else:
+        root = run_config(CONFIG, overrides, log=lambda msg: print(f"[{name}] {msg}", flush=True)).root
+    report = load_report(root)
     st = report["stages"]
     b, p = st["baseline"], st["pruned"]
     f = st.get("finetuned", p)
+    sparsity = report["settings"].get("sparsity") or {}
+    sparse = (sparsity.get("metrics") or {}).get("map50_95")
     return {
-        "model": model, "target_flops": target,
+        "model": model, "target_flops": target, "seed": seed,
+        "map50_95_sparse": sparse, "gammas_below_0.01": (sparsity.get("gammas") or {}).get("below_0.01"),
+        "map50_95_cut_points": 100 * (sparse - p["metrics"]["map50_95"]) if sparse is not None else None,
+        "load_average": os.getloadavg()[0],
         "gflops640_baseline": b["metrics"]["yolo_gflops@640"], "gflops640_pruned": p["metrics"]["yolo_gflops@640"],
         "gflops_ratio": p["metrics"]["yolo_gflops@640"] / b["metrics"]["yolo_gflops@640"],
         "params_m_baseline": b["params"] / 1e6, "params_m_pruned": p["params"] / 1e6,
@@ -57,7 +78,7 @@ def run_one(model: str, target: float, runs: Path, extra: list[str], baseline: P
         "map50_95_loss_points": 100 * (b["metrics"]["map50_95"] - f["metrics"]["map50_95"]),
         "latency_ms_baseline": b["latency"]["median_ms"] if b["latency"] else None,
         "latency_ms_finetuned": f["latency"]["median_ms"] if f["latency"] else None,
-        "run": str(run.root), "minutes": (time.perf_counter() - start) / 60,
+        "run": str(root), "minutes": _minutes(root, start),
     }  # fmt: skip
 
 
@@ -88,7 +109,7 @@ def control(kind: str, model: str, target: float, runs: Path, extra: list[str], 
     from prunefx.integrations.ultralytics.io import save_yolo
     from prunefx.integrations.ultralytics.train import load_yolo, param_count, train_yolo
     from prunefx.pipeline import load_config
-    from prunefx.pipeline.yolo import YoloJob, evaluate_yolo, resolve_data
+    from prunefx.pipeline.backends.yolo import YoloJob, evaluate_yolo, resolve_data
 
     name = f"{model}-{kind}{target:g}"
     job = YoloJob.from_config(load_config(CONFIG, [*extra, f"model={model}.yaml", f"project={runs}", f"name={name}"]))
@@ -118,13 +139,13 @@ def control(kind: str, model: str, target: float, runs: Path, extra: list[str], 
             "minutes": (time.perf_counter() - start) / 60}
 
 
-def _num(v: str):
-    if v == "":
-        return None
-    try:
-        return float(v)
-    except ValueError:
-        return v
+def _minutes(root: Path, start: float) -> float:
+    """Minutes the run's stages took (recorded in its state, so a resumed run counts every stage once)."""
+    from prunefx.pipeline.rundir import STATE
+
+    stages = json.loads((root / STATE).read_text()).get("stages", {})
+    recorded = [s["seconds"] for s in stages.values() if isinstance(s, dict) and "seconds" in s]
+    return sum(recorded) / 60 if recorded else (time.perf_counter() - start) / 60
 
 
 def _nan(v) -> bool:
@@ -134,13 +155,34 @@ def _nan(v) -> bool:
         return False
 
 
+def _f(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def _mean_rows(rows: list[dict]) -> list[str]:
+    """One mean +- std (over seeds) row per pruned (model, target) that ran with more than one seed."""
+    out = []
+    for key in dict.fromkeys((r["model"], r["target_flops"]) for r in rows if not _nan(r["gflops_ratio"])):
+        group = [r for r in rows if (r["model"], r["target_flops"]) == key and not _nan(r["gflops_ratio"])]
+        if len(group) < 2 or any(r.get(k) is None for r in group for k in AVERAGED):
+            continue
+        cell = {k: (statistics.mean(r[k] for r in group), statistics.stdev(r[k] for r in group)) for k in AVERAGED}
+
+        def pm(k: str, fmt: str, c: dict = cell) -> str:
+            return f"{format(c[k][0], fmt)} ± {format(c[k][1], fmt.lstrip('+'))}"
+
+        out.append(f"| **{key[0]}, mean ± std** | {key[1]:g} | {len(group)} seeds | | | "
+                   f"{pm('map50_95_baseline', '.4f')} | {pm('map50_95_sparse', '.4f')} | "
+                   f"{pm('map50_95_pruned', '.4f')} | {pm('map50_95_finetuned', '.4f')} | "
+                   f"{pm('map50_95_cut_points', '+.2f')} | {pm('map50_95_loss_points', '+.2f')} | "
+                   f"{pm('gammas_below_0.01', '.0%')} | | | {pm('minutes', '.1f')} |")
+    return out
+
+
 def write(rows: list[dict], out: Path, args: argparse.Namespace, stem: str) -> Path:
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / f"{stem}.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=FIELDS)
-        w.writeheader()
-        w.writerows(rows)
-    shown = [a for a in args.argv if a != "--rewrite"]  # the command that made the rows
+    table.write_csv(rows, out / f"{stem}.csv", FIELDS)
+    shown = [a for a in args.argv if a not in ("--rewrite", "--resume")]  # the command that made the rows
     if "--note" in shown:
         del shown[shown.index("--note"):shown.index("--note") + 2]
     cmd = " ".join(["python -m experiments.yolo_synthetic", *map(shlex.quote, shown)])
@@ -155,25 +197,32 @@ def write(rows: list[dict], out: Path, args: argparse.Namespace, stem: str) -> P
         + (" with " + " ".join(args.set) if args.set else "") + ".",
         "mAP by `YOLO(path).val()` on the synthetic val split; GFLOPs in ultralytics' convention at 640; latency: "
         "CPU, batch 1 at the training imgsz, median of 50 after 10 warm-up, all cores.", "",
-        "| model | target | GFLOPs@640 base -> pruned (ratio) | params M | mAP50-95 baseline | pruned | fine-tuned | "
-        "loss (points) | mAP50 base / fine-tuned | latency ms base -> fine-tuned | minutes |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| model | target | seed | GFLOPs@640 base -> pruned (ratio) | params M | mAP50-95 baseline | sparse | "
+        "pruned | fine-tuned | cut (points) | loss (points) | gammas < 0.01 | mAP50 base / fine-tuned | "
+        "latency ms base -> fine-tuned | minutes |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lat = (f"{r['latency_ms_baseline']:.1f} -> {r['latency_ms_finetuned']:.1f}"
-               if r["latency_ms_baseline"] not in (None, "") and r["latency_ms_finetuned"] not in (None, "") else "-")
+               if r["latency_ms_baseline"] is not None and r["latency_ms_finetuned"] is not None else "-")
+        seed = "-" if r.get("seed") is None else r["seed"]
         if _nan(r["gflops_ratio"]):  # a control: one model trained from scratch, no pruning
-            lines.append(f"| {r['model']} | {r['target_flops']:g} | {r['gflops640_pruned']:.3f} | "
-                         f"{r['params_m_pruned']:.3f} | - | - | {r['map50_95_finetuned']:.4f} | - | "
+            lines.append(f"| {r['model']} | {r['target_flops']:g} | {seed} | {r['gflops640_pruned']:.3f} | "
+                         f"{r['params_m_pruned']:.3f} | - | - | - | {r['map50_95_finetuned']:.4f} | - | - | - | "
                          f"- / {r['map50_finetuned']:.3f} | {lat} | {r['minutes']:.1f} |")
             continue
         lines.append(
-            f"| {r['model']} | {r['target_flops']:g} | {r['gflops640_baseline']:.3f} -> {r['gflops640_pruned']:.3f} "
-            f"({r['gflops_ratio']:.3f}) | {r['params_m_baseline']:.3f} -> {r['params_m_pruned']:.3f} | "
-            f"{r['map50_95_baseline']:.4f} | {r['map50_95_pruned']:.4f} | {r['map50_95_finetuned']:.4f} | "
-            f"{r['map50_95_loss_points']:+.2f} | {r['map50_baseline']:.3f} / {r['map50_finetuned']:.3f} | {lat} | "
-            f"{r['minutes']:.1f} |")
-    lines += ["", "Loss = baseline minus fine-tuned mAP50-95, in points (negative: the fine-tuned model is better). "
+            f"| {r['model']} | {r['target_flops']:g} | {seed} | {r['gflops640_baseline']:.3f} -> "
+            f"{r['gflops640_pruned']:.3f} ({r['gflops_ratio']:.3f}) | {r['params_m_baseline']:.3f} -> "
+            f"{r['params_m_pruned']:.3f} | {r['map50_95_baseline']:.4f} | {_f(r.get('map50_95_sparse'), '.4f')} | "
+            f"{r['map50_95_pruned']:.4f} | {r['map50_95_finetuned']:.4f} | "
+            f"{_f(r.get('map50_95_cut_points'), '+.2f')} | "
+            f"{r['map50_95_loss_points']:+.2f} | {_f(r.get('gammas_below_0.01'), '.0%')} | "
+            f"{r['map50_baseline']:.3f} / {r['map50_finetuned']:.3f} | {lat} | {r['minutes']:.1f} |")
+    lines += _mean_rows(rows)
+    lines += ["", "Cut = sparse minus pruned mAP50-95 (what pruning itself costs), loss = baseline minus fine-tuned "
+              "mAP50-95, both in points (negative: the later model is better); gammas < 0.01: the fraction of the "
+              "sparse model's penalised BatchNorm gammas below 0.01. "
               + ("The baseline trains for `epochs` only; the pruned model gets `prune.sparsity.epochs` + "
                  "`prune.finetune.epochs` more" if args.share_baseline else
                  "The pruned model descends from a sparse model trained from the baseline's initialisation for "
@@ -198,39 +247,44 @@ def main(argv: list[str] | None = None) -> Path:
     ap.add_argument("--targets", default="0.75,0.5,0.35")
     ap.add_argument("--controls", type=lambda v: [float(t) for t in v.split(",") if t], default=[0.5],
                     help="targets at which to also train the same-budget controls (unpruned; uniformly narrower)")
-    ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "results")
-    ap.add_argument("--runs", type=Path, default=ROOT / "runs" / "experiments")
+    ap.add_argument("--out", type=Path, default=table.RESULTS)
+    ap.add_argument("--runs", type=Path, default=table.RUNS)
     ap.add_argument("--rewrite", action="store_true", help="only re-render the md from the existing CSV")
     ap.add_argument("--note", default="", help="a sentence appended to the md (e.g. what loaded the machine)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a config override for every run (repeatable): a recipe variant, written to its own --stem")
     ap.add_argument("--stem", default=None, help="output file stem (default yolo_synthetic[_quick])")
+    ap.add_argument("--resume", action="store_true",
+                    help="read finished runs back and continue interrupted ones instead of training them again")
+    ap.add_argument("--seeds", type=lambda v: [int(s) for s in v.split(",") if s], default=None,
+                    help="training seeds, one run each (default: the config's seed)")
     argv = list(sys.argv[1:] if argv is None else argv)
     args = ap.parse_args(argv)
     args.argv = argv
     stem = args.stem or ("yolo_synthetic_quick" if args.quick else "yolo_synthetic")
     extra = [*(QUICK if args.quick else []), *args.set]
     from prunefx.pipeline import load_config
-    from prunefx.pipeline.yolo import YoloJob
+    from prunefx.pipeline.backends.yolo import YoloJob
 
     job = YoloJob.from_config(load_config(CONFIG, extra))  # validates the overrides before any training
     # start=scratch trains the sparse model from the model yaml, so every target trains its own (identical) baseline
     args.share_baseline = job.prune.sparsity.start != "scratch"
     if args.rewrite:
-        rows = [{k: _num(v) for k, v in r.items()} for r in csv.DictReader(open(args.out / f"{stem}.csv"))]
+        rows = table.read_csv(args.out / f"{stem}.csv")
         return write(rows, args.out, args, stem)
     models = ["yolov8n"] if args.quick else args.models.split(",")
     targets = [0.5] if args.quick else [float(t) for t in args.targets.split(",")]
     runs = args.runs / stem if args.stem else args.runs  # a variant's runs never replace the default table's
     rows = []
     for model in models:
-        baseline = None
+        baselines: dict[int | None, Path] = {}
         for target in targets:
-            row = run_one(model, target, runs, extra, baseline)
-            rows.append(row)
-            if args.share_baseline:
-                baseline = Path(row["run"]) / "weights" / "baseline.pt"
-            write(rows, args.out, args, stem)
+            for seed in args.seeds or [None]:
+                row = run_one(model, target, runs, extra, baselines.get(seed), seed, args.resume)
+                rows.append(row)
+                if args.share_baseline:
+                    baselines[seed] = Path(row["run"]) / "weights" / "baseline.pt"
+                write(rows, args.out, args, stem)
             if target in args.controls and not args.quick:
                 budget = int(job.train["epochs"]) + job.prune.sparsity.epochs + job.prune.finetune.epochs
                 for kind in ("unpruned", "narrow"):

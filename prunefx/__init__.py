@@ -3,24 +3,62 @@
     import prunefx
     dg = prunefx.analyze(model, x)                              # groups of coupled channels
     result = prunefx.prune(model, x, prunefx.PlanConfig(flops=0.5))  # score -> plan -> rewrite -> verify
+
+The public names below are imported on first use (PEP 562), so ``import prunefx.errors`` or the command line's
+``--help`` does not pay for torch; ``import prunefx`` itself imports no optional framework.
 """
 
-from prunefx import integrations  # noqa: F401 - names the built-in plugins; imports none of them
-from prunefx.analysis import DependencyGraph, Group, Member, analyze
-from prunefx.analysis.rules import register_rule
-from prunefx.api import PruneResult, prune
-from prunefx.capture import register_leaf, trace
-from prunefx.checkpoint import load, save
-from prunefx.errors import PrunefxError
-from prunefx.importance import Scores, register_criterion, score
-from prunefx.plan import CostModel, PlanConfig, PlanError, PruningPlan, make_plan
-from prunefx.transform import apply_plan, register_fixer
-from prunefx.verify import VerifyResult, verify
+from __future__ import annotations
 
-__all__ = [
-    "trace", "analyze", "score", "make_plan", "apply_plan", "verify", "prune", "save", "load",
-    "register_leaf", "register_rule", "register_criterion", "register_fixer",
-    "DependencyGraph", "Group", "Member", "Scores", "PlanConfig", "PruningPlan", "CostModel", "PruneResult",
-    "VerifyResult", "PrunefxError", "PlanError",
-]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from prunefx import integrations  # noqa: F401 - names the built-in plugins; imports none of them
+
+# public name -> the module that defines it
+_PUBLIC = {
+    "trace": "prunefx.capture", "register_leaf": "prunefx.capture",
+    "analyze": "prunefx.analysis", "DependencyGraph": "prunefx.analysis", "Group": "prunefx.analysis",
+    "Member": "prunefx.analysis", "register_rule": "prunefx.analysis.rules",
+    "score": "prunefx.importance", "Scores": "prunefx.importance", "register_criterion": "prunefx.importance",
+    "make_plan": "prunefx.plan", "PlanConfig": "prunefx.plan", "PlanError": "prunefx.plan",
+    "PruningPlan": "prunefx.plan", "CostModel": "prunefx.plan",
+    "apply_plan": "prunefx.transform", "register_fixer": "prunefx.transform",
+    "verify": "prunefx.verify", "VerifyResult": "prunefx.verify",
+    "prune": "prunefx.api", "PruneResult": "prunefx.api",
+    "save": "prunefx.checkpoint", "load": "prunefx.checkpoint",
+    "PrunefxError": "prunefx.errors", "VerificationError": "prunefx.errors",
+}  # fmt: skip
+__all__ = [  # in pipeline order, as the README introduces them
+    "trace", "register_leaf", "analyze", "DependencyGraph", "Group", "Member", "register_rule",
+    "score", "Scores", "register_criterion", "make_plan", "PlanConfig", "PlanError", "PruningPlan", "CostModel",
+    "apply_plan", "register_fixer", "verify", "VerifyResult", "prune", "PruneResult", "save", "load", "PrunefxError",
+    "VerificationError",
+]  # fmt: skip
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'prunefx' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # resolved once; later lookups are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+if TYPE_CHECKING:  # what the names are, for type checkers and editors
+    from prunefx.analysis import DependencyGraph, Group, Member, analyze
+    from prunefx.analysis.rules import register_rule
+    from prunefx.api import PruneResult, prune
+    from prunefx.capture import register_leaf, trace
+    from prunefx.checkpoint import load, save
+    from prunefx.errors import PrunefxError
+    from prunefx.importance import Scores, register_criterion, score
+    from prunefx.plan import CostModel, PlanConfig, PlanError, PruningPlan, make_plan
+    from prunefx.transform import apply_plan, register_fixer
+    from prunefx.verify import VerifyResult, verify

@@ -1,7 +1,14 @@
-"""One call from model to pruned model: analyze -> score -> plan -> apply.
+"""One call from model to pruned model: analyze -> score -> plan -> apply, and a model that fails the oracle is
+never returned.
 
     result = prunefx.prune(model, torch.randn(1, 3, 224, 224), PlanConfig(flops=0.5), criterion="bn_scale")
     print(result.plan.summary())
+
+With ``check`` (the default) the plan is first applied to a copy and verified against the masked original. When
+that fails, the groups responsible are found by bisection over the plan's groups (each trial: a fresh copy pruned
+with a subset), frozen with the reason "failed the exactness check" and the ops and source lines on their path,
+and the same target is planned again; only a plan whose copy passes is applied to ``model``. If none does,
+:class:`VerificationError` is raised and ``model`` is left untouched.
 
 Each step is public on its own (``analyze``, ``importance.score``, ``make_plan``, ``apply_plan``,
 ``verify``) so research code can swap in its own criterion or plan.
@@ -10,18 +17,26 @@ Each step is public on its own (``analyze``, ``importance.score``, ``make_plan``
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 from torch import nn
 
 from prunefx.analysis import DependencyGraph, analyze
+from prunefx.errors import VerificationError
 from prunefx.importance import Scores, score
-from prunefx.plan import CostModel, PlanConfig, PruningPlan, make_plan
+from prunefx.metrics import Deployment, compare_latency
+from prunefx.metrics.latency_table import LatencyTable
+from prunefx.plan import CostModel, GroupPlan, PlanConfig, PruningPlan, make_plan
+from prunefx.plan.latency import LatencyModel, LatencyOutcome, meet_latency
 from prunefx.transform import Compensation, apply_plan, compensate, owned_modules
 from prunefx.verify import VerifyResult, verify
+
+_MAX_ROUNDS = 3  # localise-freeze-replan rounds before giving up
+_MAX_CULPRITS = 8  # groups found per round
 
 
 @dataclass(frozen=True)
@@ -34,6 +49,8 @@ class PruneResult:
     scores: Scores
     verified: VerifyResult | None
     compensation: Compensation | None = None
+    latency: LatencyOutcome | None = None  # a latency target's rounds: planned vs measured, re-plans
+    frozen_by_check: tuple[tuple[int, str], ...] = ()  # (group id, reason): groups that failed the oracle
 
 
 def prune(
@@ -45,27 +62,222 @@ def prune(
     check: bool = True,
     bias_compensation: bool | None = None,
     capture: str = "auto",
+    deployment: Deployment | None = None,
+    latency_cache: str | os.PathLike[str] | None = "default",
     **score_kwargs: Any,
 ) -> PruneResult:
     """Prune ``model`` in place to ``config``'s target and (with ``check``) verify it against the masked original.
 
+    ``config`` defaults to ``PlanConfig()``: keep half the FLOPs.
+
     ``bias_compensation`` (default: on for ``bn_scale``) folds the removed channels' mean contribution
     into their consumers first; the oracle then checks against the equally compensated original.
     ``capture`` ("auto", "fx", "export") is how :func:`prunefx.analyze` captures the model.
+    A latency target (``PlanConfig(latency=0.5)``) or ``round_to="auto"`` is measured on ``deployment``
+    (default: torch on the CPU with torch's threads, the example's batch): the model's layers are timed at
+    candidate widths into a latency table cached under ``latency_cache`` (None: not cached; see
+    :mod:`prunefx.metrics.latency_table`), the plan is solved against it, and for a latency target the
+    pruned model is measured end to end against the original and re-planned while it misses by more than
+    5% (at most 4 plans; ``PruneResult.latency`` says how it went).
     ``score_kwargs`` go to :func:`prunefx.importance.score` (``fallback``, ``calibration``, ``loss_fn``, ``seed``).
+    Raises :class:`VerificationError` (model untouched) when no plan to the target passes the oracle.
     """
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
-    config = config or PlanConfig(ratio=0.3)
+    example_inputs = tuple(example_inputs)
+    config = config or PlanConfig()  # its default target: plan.config.DEFAULT_TARGET
+    if bias_compensation is None:
+        bias_compensation = criterion == "bn_scale"
     dg = analyze(model, example_inputs, capture=capture)
+    owned = owned_modules(model)
     scores = score(model, dg, criterion, **score_kwargs)
     needs_cost = config.flops is not None or config.params is not None
     cost = CostModel(model, dg, example_inputs) if needs_cost or check else None
-    plan = make_plan(dg, scores.values, config, criterion=criterion, cost=cost, owned_constants=owned_modules(model))
-    if bias_compensation is None:
-        bias_compensation = criterion == "bn_scale"
+    outcome, lat, extra_target = None, None, {}
+    if config.latency is not None or config.round_to == "auto":
+        dep = (deployment or Deployment()).resolve(example_inputs)
+        pristine = copy.deepcopy(model)
+        base_ms = compare_latency({"base": pristine}, example_inputs, dep, budget_s=_BUDGET_S)["base"].median_ms
+        table = LatencyTable(dep, latency_cache)
+        lat = LatencyModel(model, dg, table, base_ms=base_ms, config=config)
+
+        def plan_for(fraction: float) -> PruningPlan:
+            cfg = replace(config, latency=fraction) if config.latency is not None else config
+            return make_plan(dg, scores, cfg, cost=cost, latency=lat, owned_constants=owned)
+
+        def measure(candidate: PruningPlan) -> tuple[float, str | None]:
+            work = copy.deepcopy(pristine)
+            work_dg = analyze(work, example_inputs, capture=capture)
+            pruned = apply_plan(work, work_dg, candidate, graph_rewrite=config.graph_rewrite)
+            t = compare_latency({"base": pristine, "pruned": pruned}, example_inputs, dep, budget_s=_BUDGET_S)
+            return t["pruned"].median_ms / t["base"].median_ms, t["pruned"].noise or t["base"].noise
+
+        if config.latency is not None:
+            plan, outcome = meet_latency(plan_for, measure, config.latency)
+        else:
+            plan = plan_for(0.0)
+        extra_target = {"deployment": dep.describe(), "latency_table": table.name}
+        plan = replace(plan, target={**plan.target, **extra_target})
+    else:
+        plan = make_plan(dg, scores, config, cost=cost, owned_constants=owned)
+
+    def replan(frozen: DependencyGraph) -> PruningPlan:
+        """The same target on the analysis with the groups that failed the check frozen."""
+        cfg = replace(config, latency=plan.target["latency"]) if config.latency is not None else config
+        again = make_plan(frozen, scores, cfg, cost=cost, latency=lat, owned_constants=owned)
+        return replace(again, target={**again.target, **extra_target})
+
+    verified = None
+    if check:
+        trial = _Trial(model, example_inputs, config, bias_compensation)
+        dg, plan, verified = _checked_plan(trial, dg, plan, replan)
     compensation = compensate(model, dg, plan, example_inputs) if bias_compensation else None
-    original = copy.deepcopy(model) if check else None  # after compensation: values, not shapes, changed
     pruned = apply_plan(model, dg, plan, graph_rewrite=config.graph_rewrite)
-    verified = verify(original, pruned, plan, example_inputs, capture=dg.capture) if check else None
-    return PruneResult(pruned, plan, dg, scores, verified, compensation)
+    if check:
+        trial.assert_same(pruned)
+    return PruneResult(pruned, plan, dg, scores, verified, compensation, outcome, dg.frozen_by_check)
+
+
+_BUDGET_S = 15.0  # seconds of timed forwards per model per latency measurement (fewer repeats for slow models)
+
+
+class _Trial:
+    """Applies a plan to a fresh copy of the model and verifies it; the model itself is never touched."""
+
+    def __init__(self, model: nn.Module, inputs: tuple, config: PlanConfig, bias_compensation: bool) -> None:
+        self.model, self.inputs, self.config, self.bias = model, inputs, config, bias_compensation
+        self.last_pruned: nn.Module | None = None
+        self.runs = 0
+
+    def __call__(self, dg: DependencyGraph, plan: PruningPlan) -> VerifyResult | Exception:
+        self.runs += 1
+        try:
+            work, gm = copy.deepcopy((self.model, dg.gm))  # one memo: the copied graph shares the copied modules
+            work_dg = replace(dg, gm=gm)
+            if self.bias:
+                compensate(work, work_dg, plan, self.inputs)
+            reference, ref_gm = copy.deepcopy((work, gm))  # the compensated original, masked by the oracle
+            pruned = apply_plan(work, work_dg, plan, graph_rewrite=self.config.graph_rewrite)
+            result = verify(reference, pruned, plan, self.inputs, dg=replace(dg, gm=ref_gm))
+        except Exception as exc:  # noqa: BLE001 - a plan whose rewrite or forward breaks is a failed trial
+            return exc
+        self.last_pruned = pruned
+        return result
+
+    def assert_same(self, pruned: nn.Module) -> None:
+        """The model handed back is the one that was verified: same tensors, bit for bit."""
+        want = self.last_pruned.state_dict() if self.last_pruned is not None else {}
+        got = pruned.state_dict()
+        if want.keys() != got.keys() or any(not torch.equal(want[k], got[k]) for k in want):
+            raise VerificationError("internal error: the pruned model differs from the verified copy")
+
+
+def _ok(result: VerifyResult | Exception) -> bool:
+    return isinstance(result, VerifyResult) and result.ok
+
+
+def _why(result: VerifyResult | Exception) -> str:
+    if isinstance(result, Exception):
+        return f"{type(result).__name__}: {str(result).splitlines()[0][:200] if str(result) else ''}"
+    return result.message
+
+
+def _checked_plan(
+    trial: _Trial, dg: DependencyGraph, plan: PruningPlan, replan: Any
+) -> tuple[DependencyGraph, PruningPlan, VerifyResult]:
+    """The plan (and the analysis with failing groups frozen) whose pruned copy passes the oracle."""
+    result = trial(dg, plan)
+    for _ in range(_MAX_ROUNDS):
+        if _ok(result):
+            return dg, plan, result
+        if not plan.pruned:
+            break
+        culprits = _localise(trial, dg, plan, result)
+        if not culprits:
+            break
+        dg = dg.with_frozen(tuple((g, _reason(dg, g, why)) for g, why in culprits))
+        plan = replan(dg)
+        result = trial(dg, plan)
+    if _ok(result):
+        return dg, plan, result
+    raise VerificationError(
+        f"{dg.model_name}: the pruned model differs from its masked original ({_why(result)}); "
+        f"{len(dg.frozen_by_check)} group(s) frozen for failing the check, no plan to the target passed. "
+        "The model was not changed. Report it with the model; prunefx.prune(..., check=False) skips the check."
+    )
+
+
+def _units(dg: DependencyGraph, plan: PruningPlan) -> list[list[int]]:
+    """The plan's pruned groups, joined where equal-count ties bind them (a trial must keep ties whole)."""
+    pruned = [gp.group for gp in plan.pruned]
+    parent = {g: g for g in pruned}
+
+    def find(g: int) -> int:
+        while parent[g] != g:
+            g = parent[g]
+        return g
+
+    for gids, _ in dg.ties:
+        inside = [g for g in gids if g in parent]
+        for g in inside[1:]:
+            parent[find(g)] = find(inside[0])
+    units: dict[int, list[int]] = {}
+    for g in pruned:
+        units.setdefault(find(g), []).append(g)
+    return list(units.values())
+
+
+def _restrict(plan: PruningPlan, groups: set[int]) -> PruningPlan:
+    """``plan`` with only ``groups`` pruned; every other group keeps all its channels."""
+    return replace(plan, groups=tuple(
+        gp if gp.group in groups else GroupPlan(gp.group, gp.before, gp.before, tuple(range(gp.before)),
+                                                "kept whole while localising a failure", gp.label)
+        for gp in plan.groups
+    ))
+
+
+def _localise(trial: _Trial, dg: DependencyGraph, plan: PruningPlan, failed: Any) -> list[tuple[int, str]]:
+    """Groups whose pruning makes the check fail (``failed``: what the whole plan's trial said).
+
+    Bisection on prefixes of the plan's units: the shortest failing prefix ends with a culprit. It is set aside,
+    and while the remaining units still fail together the search repeats on them. Returns (group id, what the
+    failing trial said) for each group of each culprit unit.
+    """
+    nothing = trial(dg, _restrict(plan, set()))
+    if not _ok(nothing):  # the oracle cannot judge this model at all: freezing groups would not help
+        raise VerificationError(
+            f"{dg.model_name}: the check fails even with nothing pruned ({_why(nothing)}); the model is not "
+            "deterministic or does not run on these inputs in eval mode. The model was not changed."
+        )
+
+    def fails(units: list[list[int]]) -> Any:
+        r = trial(dg, _restrict(plan, {g for u in units for g in u}))
+        return None if _ok(r) else r
+
+    pool, culprits, why_all = _units(dg, plan), [], failed
+    while pool and len(culprits) < _MAX_CULPRITS:
+        lo, hi, why = 1, len(pool), why_all
+        while lo < hi:
+            mid = (lo + hi) // 2
+            r = fails(pool[:mid])
+            if r is None:
+                lo = mid + 1
+            else:
+                hi, why = mid, r
+        culprits += [(g, _why(why)) for g in pool[lo - 1]]
+        pool = pool[: lo - 1] + pool[lo:]
+        why_all = fails(pool) if pool else None
+        if why_all is None:
+            break
+    return culprits
+
+
+def _reason(dg: DependencyGraph, gid: int, why: str) -> str:
+    """'failed the exactness check' with what the trial said and the ops and source lines the group runs through."""
+    path = dg.path(gid)
+    shown = ", ".join(path[:4]) + (f" (+{len(path) - 4} more)" if len(path) > 4 else "")
+    return f"failed the exactness check when pruned ({why[:200]}); path: {shown or 'no traced op'}"
+
+
+
+__all__ = ["PruneResult", "VerificationError", "prune"]

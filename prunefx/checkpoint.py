@@ -17,9 +17,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from prunefx._io import atomic_torch_save
+from prunefx._io import atomic_torch_save, load_torch_file
 from prunefx.analysis import analyze
-from prunefx.errors import PrunefxError
+from prunefx.errors import PrunefxError, UntrustedFileError
 from prunefx.plan import PruningPlan
 from prunefx.transform.rewrite import apply_plan
 
@@ -49,11 +49,17 @@ def load(
     language model needs integer token ids of those shapes).
     """
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
+        payload = load_torch_file(path)  # weights-only: a prunefx.save file is tensors and plain data
     except FileNotFoundError:
         raise PrunefxError(f"no checkpoint at {path}") from None
-    except Exception as exc:  # a truncated or foreign file
-        raise PrunefxError(f"{path} is not a readable prunefx checkpoint ({type(exc).__name__}: {exc})") from exc
+    except UntrustedFileError as exc:
+        raise PrunefxError(
+            f"{path} is not a prunefx checkpoint: it holds pickled objects beyond tensors and plain data, which "
+            "prunefx.save never writes (it was not unpickled)"
+        ) from exc
+    except Exception as exc:  # an empty, truncated or foreign file
+        detail = f": {exc}" if str(exc) else ""
+        raise PrunefxError(f"{path} is not a readable prunefx checkpoint ({type(exc).__name__}{detail})") from exc
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise PrunefxError(f"{path} is not a prunefx checkpoint (expected format {FORMAT!r})")
     plan = PruningPlan.from_dict(payload["plan"])

@@ -58,6 +58,7 @@ class Scores:
 
     values: dict[int, np.ndarray]  # group id -> one float64 per channel
     used: dict[int, str]  # group id -> "bn_scale" | "l2 (fallback: no BatchNorm in group)" | "none: ..."
+    criterion: str = "custom"  # e.g. "bn_scale", or "bn_scale (l2 in 3 group(s) it does not apply to)"
 
 
 @dataclass(frozen=True)
@@ -237,7 +238,9 @@ def score(
                     f"criterion {label!r} returned shape {v.shape} for group {g.id}, expected ({g.channels},)"
                 )
             values[g.id] = v
-    return Scores(values, used)
+    fell_back = sum(1 for label in used.values() if "(fallback" in label)
+    name = f"{criterion} ({fallback} in {fell_back} group(s) it does not apply to)" if fell_back else criterion
+    return Scores(values, used, name)
 
 
 def _lookup(name: str) -> Criterion:

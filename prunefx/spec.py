@@ -7,6 +7,11 @@ SPEC forms::
     runs/detect/train/best.pt     an ultralytics checkpoint on disk (its EMA model, float32)
     package.module:factory        a callable taking no arguments that returns an nn.Module
 
+Checkpoints load weights-only (``trust_checkpoint=True`` unpickles fully: any code in the file runs) and model yamls
+may name only torch.nn activations and model layers unless trusted. A factory SPEC runs its module's code: that is
+what it is for. Its module is looked up in the current directory too, after installed packages and only while it
+is imported, so a file there never shadows a library.
+
 >>> loaded = load_spec("torchvision:resnet18", imgsz=64)
 >>> prunefx.analyze(loaded.model, loaded.example_inputs)
 """
@@ -29,7 +34,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from prunefx.errors import SpecError
+from prunefx.errors import PrunefxError, SpecError, UntrustedFileError
 
 Kind = Literal["torchvision", "ultralytics", "factory", "checkpoint"]
 
@@ -37,7 +42,6 @@ FORMS = (
     "torchvision:NAME (e.g. torchvision:resnet50), ultralytics:NAME.yaml (e.g. ultralytics:yolov8n.yaml), "
     "a path to an ultralytics .pt checkpoint, or package.module:factory"
 )
-MIN_IMGSZ = 32  # backbones downsample 32x: a smaller image leaves no spatial extent at the last stage
 YOLO_STRIDE = 32  # YOLO feature maps are concatenated across strides up to 32 (64 for -p6 models)
 
 # torchvision's own evaluation sizes: 299 for the inception family, 224 for every other image model.
@@ -52,6 +56,10 @@ SIZES = (  # the defaults above in words, for help texts
     f"{_TORCHVISION_DEFAULT_SIZE} for torchvision, {_TORCHVISION_SIZES['inception_v3']} for inception_v3, "
     f"{_YOLO_DEFAULT_SIZE} for YOLO, {_YOLO_SIZES['classify']} for YOLO classifiers"
 )
+TRUST_HELP = (  # for --trust-checkpoint
+    "Unpickle checkpoints fully and evaluate model yamls as written (either can run any code the file holds): "
+    "only for files you made or trust. Default: weights-only loading, known layers and activations only."
+)
 _FACTORY = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 
 
@@ -65,15 +73,19 @@ class LoadedModel:
     kind: Kind
 
 
-def load_spec(spec: str, *, imgsz: int | None = None, device: str = "cpu") -> LoadedModel:
+def load_spec(
+    spec: str, *, imgsz: int | None = None, device: str = "cpu", trust_checkpoint: bool = False
+) -> LoadedModel:
     """Build the model a SPEC names, in eval mode on ``device``, with a seeded random (1, C, imgsz, imgsz) input.
 
     ``imgsz`` defaults to the model's native size: 224 for torchvision (299 for inception_v3), 640 for
-    YOLO detect/segment/pose/obb, 224 for YOLO classifiers. Bad input raises :class:`SpecError`.
+    YOLO detect/segment/pose/obb, 224 for YOLO classifiers; whether the model takes it is the model's to say (the
+    analysis runs it). ``trust_checkpoint`` lets a checkpoint or model yaml run code (see the module docstring).
+    Bad input raises :class:`SpecError` (:class:`~prunefx.errors.UntrustedFileError` for a file that needs trust).
     """
     spec = spec.strip()
-    if imgsz is not None and imgsz < MIN_IMGSZ:
-        raise SpecError(f"imgsz must be at least {MIN_IMGSZ}, got {imgsz}.")
+    if imgsz is not None and (isinstance(imgsz, bool) or not isinstance(imgsz, int) or imgsz < 1):
+        raise SpecError(f"imgsz must be a positive integer, got {imgsz!r}.")
     try:
         target = torch.device(device)
     except RuntimeError as exc:
@@ -83,10 +95,10 @@ def load_spec(spec: str, *, imgsz: int | None = None, device: str = "cpu") -> Lo
         model, size, channels = _torchvision(rest, imgsz)
         kind: Kind = "torchvision"
     elif colon and prefix == "ultralytics":
-        model, size, channels = _ultralytics_yaml(rest, imgsz)
+        model, size, channels = _ultralytics_yaml(rest, imgsz, trust_checkpoint)
         kind = "ultralytics"
     elif spec.endswith(".pt") or Path(spec).is_file():
-        model, size, channels = _checkpoint(Path(spec), imgsz)
+        model, size, channels = _checkpoint(Path(spec), imgsz, trust_checkpoint)
         kind = "checkpoint"
     elif _FACTORY.fullmatch(spec):
         model, size, channels = _factory(spec), imgsz or _TORCHVISION_DEFAULT_SIZE, 3
@@ -105,7 +117,7 @@ def load_spec(spec: str, *, imgsz: int | None = None, device: str = "cpu") -> Lo
 def _check_imgsz(imgsz: int, multiple: int, what: str) -> None:
     if imgsz % multiple:
         lower, upper = imgsz // multiple * multiple, (imgsz // multiple + 1) * multiple
-        near = f"{lower} or {upper}" if lower >= MIN_IMGSZ else str(upper)
+        near = f"{lower} or {upper}" if lower >= multiple else str(upper)
         raise SpecError(f"imgsz must be a positive multiple of {multiple} for {what}, got {imgsz}; try {near}.")
 
 
@@ -198,7 +210,7 @@ def _resolve_yaml(name: str) -> tuple[Path, str | None]:
     )
 
 
-def _ultralytics_yaml(name: str, imgsz: int | None) -> tuple[nn.Module, int, int]:
+def _ultralytics_yaml(name: str, imgsz: int | None, trust: bool) -> tuple[nn.Module, int, int]:
     if imgsz is not None:  # fail before the (seconds-long) build
         _check_imgsz(imgsz, YOLO_STRIDE, "YOLO models")
     if not Path(name).suffix:
@@ -221,6 +233,15 @@ def _ultralytics_yaml(name: str, imgsz: int | None) -> tuple[nn.Module, int, int
         "classify": tasks.ClassificationModel,
         "obb": tasks.OBBModel,
     }
+    from prunefx.integrations.ultralytics.io import ultralytics_loading
+    from prunefx.integrations.ultralytics.model_yaml import check_model_yaml
+
+    try:
+        check_model_yaml(cfg, name, trust_checkpoint=trust)
+    except UntrustedFileError:
+        raise
+    except PrunefxError as exc:
+        raise SpecError(str(exc)) from exc
     if task not in builders or head.startswith(_TEXT_HEADS):
         raise SpecError(
             f"ultralytics:{name} has a {head} head (task {task}); SPECs build {', '.join(builders)} models, "
@@ -230,7 +251,7 @@ def _ultralytics_yaml(name: str, imgsz: int | None) -> tuple[nn.Module, int, int
         if layer[2] == "TorchVision":  # args [c2, model, weights, ...]: weights "DEFAULT" would be downloaded
             layer[3][2:3] = [None]
     try:
-        with _quiet_ultralytics():
+        with _quiet_ultralytics(), ultralytics_loading(trust_checkpoint=trust):  # no eval unless trusted
             model = builders[task](cfg, verbose=False)
     except Exception as exc:  # any failure of ultralytics' builder means an unusable yaml
         raise SpecError(f"ultralytics could not build {name}: {type(exc).__name__}: {exc}") from exc
@@ -253,31 +274,28 @@ def _quiet_ultralytics() -> Iterator[None]:
 # ---- checkpoints and factories ----------------------------------------------------------------------
 
 
-def _checkpoint(path: Path, imgsz: int | None) -> tuple[nn.Module, int, int]:
+def _checkpoint(path: Path, imgsz: int | None, trust: bool) -> tuple[nn.Module, int, int]:
     if not path.is_file():
         raise SpecError(f"checkpoint '{path}' does not exist; pass the path of a .pt file written by ultralytics.")
     if path.suffix != ".pt":
         raise SpecError(f"'{path}' is not a .pt file; checkpoints are ultralytics .pt files (best.pt, last.pt).")
     if imgsz is not None:
         _check_imgsz(imgsz, YOLO_STRIDE, "YOLO models")
-    tasks = _ultralytics_modules()
+    _ultralytics_modules()
     from ultralytics.utils.checks import check_yolov5u_filename
 
-    # An absolute path keeps ultralytics from treating a bare name as an asset to re-download when corrupt;
-    # a yolov5s.pt-like name would be renamed to yolov5su.pt and downloaded.
+    from prunefx.integrations.ultralytics.io import load_yolo
+
+    # A yolov5s.pt-like name would be renamed to yolov5su.pt and downloaded.
     weight = str(path.resolve())
     if check_yolov5u_filename(weight, verbose=False) != weight:
         raise SpecError(f"rename '{path}': ultralytics maps files named like yolov5s.pt to downloadable assets.")
     try:
-        model, _ = tasks.load_checkpoint(weight)
-    except Exception as exc:  # unpickling runs arbitrary code; every failure means a bad file
-        # ultralytics' messages open with "ERROR ❌️" and end with a pointer to its own hub models: keep the reason.
-        lines = str(exc).strip().splitlines()
-        detail = re.sub(r"^ERROR\W+", "", lines[0]).rstrip(".") if lines else type(exc).__name__
-        raise SpecError(
-            f"cannot load checkpoint '{path}': {detail}. Pass a .pt file written by ultralytics "
-            "(train's best.pt/last.pt, or YOLO.save())."
-        ) from exc
+        model = load_yolo(path, trust_checkpoint=trust)
+    except UntrustedFileError:
+        raise
+    except PrunefxError as exc:
+        raise SpecError(str(exc)) from exc
     return model, _yolo_size(model, getattr(model, "task", None), imgsz, str(path)), _channels(model)
 
 
@@ -296,13 +314,36 @@ def _channels(model: nn.Module) -> int:
     return next((m.in_channels for m in model.modules() if isinstance(m, nn.Conv2d)), 3)
 
 
+def import_spec_module(module_name: str) -> Any:
+    """Import a factory SPEC's module, looking in the current directory after every installed package.
+
+    The directory is on ``sys.path`` only while this import runs (and last), so a ``sklearn.py`` next to the user
+    never replaces a library, now or in a later import. Exceptions are the module's own; ``sys.exit`` during the
+    import raises :class:`SystemExit` as usual.
+    """
+    cwd = os.getcwd()
+    added = cwd not in sys.path
+    if added:
+        sys.path.append(cwd)
+    try:
+        return importlib.import_module(module_name)
+    finally:
+        if added:
+            with contextlib.suppress(ValueError):
+                sys.path.remove(cwd)
+
+
+def exit_message(exc: SystemExit) -> str:
+    """How a SystemExit raised by user code is described in an error."""
+    return f"called sys.exit({exc.code!r})" if exc.code is not None else "called sys.exit()"
+
+
 def _factory(spec: str) -> nn.Module:
     module_name, _, attr_path = spec.partition(":")
-    # As with `python -m`, the current directory is importable (a console script's sys.path lacks it).
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
     try:
-        obj: Any = importlib.import_module(module_name)
+        obj: Any = import_spec_module(module_name)
+    except SystemExit as exc:  # a script-like module: exit means "no model", never a clean exit of prunefx
+        raise SpecError(f"importing '{module_name}' {exit_message(exc)}; a factory module must not exit.") from exc
     except ModuleNotFoundError as exc:
         if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
             raise SpecError(
@@ -323,6 +364,8 @@ def _factory(spec: str) -> nn.Module:
         raise SpecError(f"'{spec}' is a {type(obj).__name__} object; name a function that returns a new nn.Module.")
     try:
         model = obj()
+    except SystemExit as exc:
+        raise SpecError(f"factory '{spec}' {exit_message(exc)} instead of returning a model.") from exc
     except Exception as exc:  # the user's factory raised
         raise SpecError(
             f"factory '{spec}' raised {type(exc).__name__}: {exc}; it must build the model with no arguments."

@@ -19,3 +19,8 @@ def fails_in_rank1(num_classes: int = 10, in_channels: int = 1) -> nn.Module:
     if os.environ.get("RANK") == "1":
         raise RuntimeError("simulated failure in rank 1")
     return tiny_bn_cnn(num_classes, in_channels)
+
+
+def nothing_prunable(num_classes: int = 10, in_channels: int = 1) -> nn.Module:
+    """A linear classifier: its only channels are the input's and the logits, both frozen."""
+    return nn.Sequential(nn.Flatten(), nn.LazyLinear(num_classes))

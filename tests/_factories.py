@@ -1,6 +1,9 @@
 """Model factories for ``package.module:factory`` SPECs in the CLI and load_spec tests."""
 
+import torch
 from torch import nn
+
+import prunefx
 
 
 def tiny_cnn() -> nn.Module:
@@ -35,3 +38,16 @@ def broken() -> nn.Module:
 
 
 LAYER = nn.Conv2d(3, 3, 1)  # a module instance, not a factory
+
+
+class Noise(nn.Module):
+    """Random in eval mode (an opaque leaf): no pruned copy can equal its masked original."""
+
+    def forward(self, x):
+        return x + 0.1 * torch.randn_like(x)
+
+
+def noisy_cnn() -> nn.Module:
+    """tiny_cnn followed by Noise: prunefx prune must refuse it (VerificationError) and write no model."""
+    prunefx.register_leaf(Noise)
+    return nn.Sequential(tiny_cnn(), Noise())

@@ -24,3 +24,16 @@ def test_import_prunefx_loads_no_optional_framework() -> None:
     modules = _probe()["modules"]
     loaded = sorted({m.split(".")[0] for m in modules} & set(HEAVY))
     assert not loaded, f"import prunefx imported {loaded}"
+
+
+def test_public_names_resolve_on_first_use() -> None:
+    """The facade is lazy (``prunefx.errors`` alone imports no torch), and every public name resolves."""
+    probe = """
+import sys, prunefx.errors
+assert "torch" not in sys.modules, "prunefx.errors imported torch"
+import prunefx
+missing = [n for n in prunefx.__all__ if getattr(prunefx, n, None) is None]
+assert not missing, missing
+assert sorted(prunefx._PUBLIC) == sorted(prunefx.__all__)
+"""
+    subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True)

@@ -119,7 +119,8 @@ def test_ignore_and_overrides():
         dict(ratio=-0.1),
         dict(flops=0.0),
         dict(flops=1.5),
-        dict(),
+        dict(scope="layer"),
+        dict(ignore=[3]),
         dict(ratio=0.5, flops=0.5),
         dict(ratio=0.5, round_to=0),
         dict(ratio=0.5, min_channels=0),
@@ -128,6 +129,11 @@ def test_ignore_and_overrides():
 def test_bad_config_is_rejected(kwargs):
     with pytest.raises(PlanError):
         PlanConfig(**kwargs)
+
+
+def test_the_default_target_is_stated_once():
+    assert PlanConfig() == PlanConfig(flops=0.5) and PlanConfig(ratio=0.3).flops is None
+    assert PlanConfig(ignore=["a.*"]).ignore == ("a.*",)  # lists from YAML/JSON are stored as tuples
 
 
 def test_plan_for_another_model_fails_before_touching_anything():
@@ -274,3 +280,40 @@ def test_cost_model_counts_every_normalized_dim():
     pruned = apply_plan(copy.deepcopy(model), dg, plan)
     assert plan.groups[0].after == 6
     assert cost.macs(keep) == pytest.approx(measure(pruned, x).macs, rel=1e-6)
+
+
+def test_plan_names_its_criterion_and_groups():
+    """A plan made from ``score(...)`` says which criterion made it (it read 'by custom'), and every planned group
+    carries its human name; a plan saved before labels existed still loads."""
+    model = randomize_bn(Patterns()).eval()
+    x = torch.randn(2, 3, 8, 8)
+    dg = prunefx.analyze(model, x)
+    plan = make_plan(dg, prunefx.score(model, dg, "l2"), PlanConfig(ratio=0.3))
+    assert plan.criterion == "l2" and "by l2" in plan.summary()
+    assert [g.label for g in plan.groups] == [dg.groups[g.group].label for g in plan.groups]
+    assert make_plan(dg, _random_scores(dg), PlanConfig(ratio=0.3)).criterion == "custom"
+    old = plan.to_dict()
+    for g in old["groups"]:
+        del g["label"]
+    assert PruningPlan.from_dict(old).groups[0].label == ""
+
+
+def test_verify_leaves_both_models_untouched():
+    """The train-mode run updates BatchNorm statistics; verify puts every buffer back (no deep copies needed)."""
+    model = randomize_bn(Patterns()).eval()
+    x = torch.randn(2, 3, 8, 8)
+    original, _, plan = _prune(model, x, PlanConfig(ratio=0.3))
+    before = [{k: v.clone() for k, v in m.state_dict().items()} for m in (original, model)]
+    assert verify(original, model, plan, x).ok
+    for saved, now in zip(before, (original.state_dict(), model.state_dict()), strict=True):
+        assert saved.keys() == now.keys() and all(torch.equal(saved[k], now[k]) for k in saved)
+    assert not original.training and not model.training
+
+
+def test_a_mode_the_original_cannot_run_is_not_held_against_the_pruned_model():
+    """ResNet-18 at 32 px ends in 1x1 maps: BatchNorm in train mode at batch 1 fails for the original too."""
+    model = randomize_bn(torchvision.models.resnet18()).eval()
+    x = torch.randn(1, 3, 32, 32)
+    original, _, plan = _prune(model, x, PlanConfig(ratio=0.3))
+    result = verify(original, model, plan, x)
+    assert result.ok and result.runs_train and "train mode not checked" in result.message

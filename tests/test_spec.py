@@ -128,8 +128,8 @@ def test_yolo_torchvision_backbone_is_built_without_weights() -> None:
         ("ultralytics:yolov8n-world.yaml", None, r"WorldDetect head"),
         ("ultralytics:rtdetr-l.yaml", None, r"RTDETRDecoder head"),
         ("ultralytics:yolov8n.yaml", 100, r"multiple of 32 for YOLO models, got 100; try 96 or 128"),
-        ("ultralytics:yolov8n.yaml", 16, r"at least 32"),
-        ("torchvision:resnet18", 31, r"at least 32"),
+        ("ultralytics:yolov8n.yaml", 16, r"multiple of 32 for YOLO models, got 16; try 32"),
+        ("torchvision:resnet18", 0, r"imgsz must be a positive integer, got 0"),
     ],
 )
 def test_bad_yolo_and_imgsz_specs(spec: str, imgsz: int | None, message: str) -> None:

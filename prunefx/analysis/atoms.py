@@ -4,6 +4,10 @@ Every channel a layer produces (a conv's output channel, a parameter's index alo
 Coupling two channels (a residual add, a shared consumer) merges their atoms into one class; a class is
 what gets kept or removed as a whole. Position -1 in a label array means "not a channel of any class":
 it is never removed, and merging it with an atom freezes that atom.
+
+An atom is *explained* once an op rule has said something about it (coupled, frozen, marked inexact, or
+recorded it as a layer's channel). A parameter dim that is read in forward but never explained (an index
+buffer, a weight whose ``.device`` was read) must not be pruned on its own: the engine freezes such classes.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ class AtomTable:
         self._parent = np.arange(capacity, dtype=np.int64)
         self._frozen = np.full(capacity, -1, dtype=np.int64)  # index into self.reasons, -1 = free
         self._inexact = np.full(capacity, -1, dtype=np.int64)
+        self._explained = np.zeros(capacity, dtype=bool)
         self.size = 0
         self.reasons: list[str] = []
         self._reason_ids: dict[str, int] = {}
@@ -33,6 +38,7 @@ class AtomTable:
             self._parent = np.concatenate([self._parent, np.arange(len(self._parent), cap)])
             self._frozen = np.concatenate([self._frozen, np.full(grow, -1, dtype=np.int64)])
             self._inexact = np.concatenate([self._inexact, np.full(grow, -1, dtype=np.int64)])
+            self._explained = np.concatenate([self._explained, np.zeros(grow, dtype=bool)])
         self.size = stop
         return np.arange(start, stop, dtype=np.int64)
 
@@ -54,8 +60,13 @@ class AtomTable:
         parent[atoms] = p  # path compression for the queried atoms
         return p
 
-    def union(self, a: np.ndarray, b: np.ndarray, reason: str = "coupled with a channel that must be kept") -> None:
-        """Merge a[i] with b[i] for every i (broadcasting). NO_CHANNEL on one side freezes the other."""
+    def union(
+        self, a: np.ndarray, b: np.ndarray, reason: str = "coupled with a channel that must be kept", *,
+        explain: bool = True,
+    ) -> None:
+        """Merge a[i] with b[i] for every i (broadcasting). NO_CHANNEL on one side freezes the other.
+
+        ``explain=False``: a merge that says nothing about what the channels are (one tensor read twice)."""
         a, b = np.broadcast_arrays(np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64))
         a, b = a.ravel(), b.ravel()
         a_none, b_none = a < 0, b < 0
@@ -66,6 +77,9 @@ class AtomTable:
             a, b = a[keep], b[keep]
         if a.size == 0:
             return
+        if explain:
+            self._explained[a] = True
+            self._explained[b] = True
         ra, rb = self.find(a), self.find(b)
         while True:
             differ = ra != rb
@@ -99,11 +113,28 @@ class AtomTable:
         """Mark classes whose removal is not exactly equal to masking (cross-channel statistics)."""
         self._mark(self._inexact, atoms, reason)
 
+    def explain(self, atoms: np.ndarray) -> None:
+        """A rule has accounted for these atoms (recorded them as a layer's channels)."""
+        atoms = np.asarray(atoms, dtype=np.int64).ravel()
+        self._explained[atoms[atoms >= 0]] = True
+
+    def unexplained(self, atoms: np.ndarray) -> np.ndarray:
+        """Mask over ``atoms``: True where no atom of the atom's class has been explained."""
+        atoms = np.asarray(atoms, dtype=np.int64)
+        roots = self.find(np.arange(self.size, dtype=np.int64))
+        explained = np.zeros(self.size, dtype=bool)
+        explained[roots[self._explained[: self.size]]] = True
+        ok = atoms >= 0
+        out = np.zeros(len(atoms), dtype=bool)
+        out[ok] = ~explained[roots[atoms[ok]]]
+        return out
+
     def _mark(self, marks: np.ndarray, atoms: np.ndarray, reason: str) -> None:
         atoms = np.asarray(atoms, dtype=np.int64).ravel()
         atoms = atoms[atoms >= 0]
         if atoms.size == 0:
             return
+        self._explained[atoms] = True
         roots = self.find(atoms)
         free = marks[roots] < 0
         marks[roots[free]] = self._reason_id(reason)

@@ -193,17 +193,22 @@ class Ctx:
     def note(self, atoms: np.ndarray, text: str) -> None:
         self.state.notes.append((np.asarray(atoms), text))
 
-    def _record(self, kind: Kind, name: str, role: Role, atoms: np.ndarray, **extra: str) -> None:
+    def _record(
+        self, kind: Kind, name: str, role: Role, atoms: np.ndarray, *, explain: bool = True, **extra: str
+    ) -> None:
         key = RecordKey(kind, name, role)
         source = atoms
         atoms = np.asarray(atoms, dtype=np.int64)
+        if explain:
+            self.state.atoms.explain(atoms)
         rec = self.state.records.get(key)
         if rec is None:
             self.state.records[key] = Record(kind, name, role, atoms, source=source, **extra)
         elif len(rec.atoms) != len(atoms):
             self.state.atoms.freeze(np.concatenate([rec.atoms, atoms]), f"{name} {role} used with different widths")
         else:  # a module called at several places: the same weight slice serves every call
-            self.union(rec.atoms, atoms)
+            self.state.atoms.union(rec.atoms, atoms, f"coupled with channels that are kept at {self.where()}",
+                                   explain=explain)
 
 
 class Engine:
@@ -224,6 +229,7 @@ class Engine:
         # The user's modules by name: a GraphModule holds only the leaves it calls (inside plain containers), and
         # a torch.export graph none; owners of functional layers and of literals are looked up here.
         self.modules = {**dict(gm.named_modules()), **(modules or {})}
+        self._read_params: dict[RecordKey, str] = {}  # param dims labelled by a get_attr, and the node that read them
         lifted = set(gm.meta.get("prunefx", {}).get("lifted_constants", ()))
         self.tensors = {
             n for n, _ in (*gm.named_parameters(remove_duplicate=False), *gm.named_buffers(remove_duplicate=False))
@@ -232,6 +238,7 @@ class Engine:
     def run(self) -> EngineState:
         for node in self.gm.graph.nodes:
             self.env[node] = self._visit(node)
+        self._freeze_unexplained()
         self._resolve_products()
         return self.state
 
@@ -243,6 +250,19 @@ class Engine:
         dropped = {id(a) for p, k in done for j, (_, a) in enumerate(p.factors) if j != k}
         for key in [k for k, r in records.items() if r.kind is Kind.CONST and id(r.source) in dropped]:
             del records[key]
+
+    def _freeze_unexplained(self) -> None:
+        """A parameter dim read in forward that no rule related to anything is not a channel: freeze it."""
+        atoms = self.state.atoms
+        for key, node_name in self._read_params.items():
+            rec = self.state.records[key]
+            lost = atoms.unexplained(rec.atoms)
+            if lost.any():
+                atoms.freeze(
+                    rec.atoms[lost],
+                    f"dim {key.role.dim} of '{key.name}' is read in forward (node '{node_name}') but no op rule "
+                    "says how its positions are used",
+                )
 
     def _visit(self, node: fx.Node) -> Any:
         val = node.meta.get(VALUE_KEY)
@@ -280,7 +300,9 @@ class Engine:
         for d, n in enumerate(val.shape):
             if n > 1:
                 atoms = self.state.atoms.new(n)
-                ctx.param(str(node.target), d, atoms)
+                # Recorded, not explained: only the ops that read the tensor can say what its positions are.
+                ctx._record(Kind.PARAM, str(node.target), ParamDim(d), atoms, explain=False)
+                self._read_params.setdefault(RecordKey(Kind.PARAM, str(node.target), ParamDim(d)), node.name)
                 dims.append(atoms)
             else:
                 dims.append(None)
@@ -322,6 +344,9 @@ def _unlabeled(val: Any) -> Any:
 
 def size_arith(ctx: Ctx, val: Any, labs: list[Any]) -> Any:
     """Ints computed from sizes keep their provenance (``c // 2`` stays tied to ``c``'s channels)."""
+    if isinstance(val, tuple) and len(labs) == 2 and all(isinstance(x, (tuple, list)) for x in labs):
+        if ctx.node.target in (operator.add, operator.iadd):  # (b,) + window + (-1,): keep each size's origin
+            return (*labs[0], *labs[1])
     refs = [x for x in _flatten(labs) if isinstance(x, SizeRef)]
     if isinstance(val, int) and not isinstance(val, bool) and refs:
         sources = tuple(s for r in refs for s in r.sources)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,7 @@ import torch.fx as fx
 from prunefx.analysis.atoms import AtomTable
 from prunefx.analysis.groups import Group
 from prunefx.analysis.roles import OUT, Kind, RecordKey, Role, parse_role
+from prunefx.capture.trace import SOURCE_KEY
 
 SCHEMA_VERSION = 1
 
@@ -35,6 +36,35 @@ class DependencyGraph:
     node_labels: dict[str, Any] = field(repr=False)  # fx node name -> Lab / SizeRef / structure of them
     input_shapes: tuple[tuple[int, ...], ...] = ()
     capture: str = "fx"  # how the graph was captured: "fx" (training-mode trace) or "export" (ATen, eval mode)
+    # (group id, reason) of groups that prune() froze because pruning them failed the exactness check
+    frozen_by_check: tuple[tuple[int, str], ...] = ()
+
+    def with_frozen(self, items: tuple[tuple[int, str], ...]) -> DependencyGraph:
+        """A copy in which groups ``(id, reason)`` are frozen with that reason (the rest shared, not copied)."""
+        new = [g for g in items if g not in self.frozen_by_check]
+        if not new:
+            return self
+        groups = list(self.groups)
+        for gid, reason in new:
+            groups[gid] = replace(groups[gid], prunable=False, reasons=(reason, *groups[gid].reasons))
+        return replace(self, groups=groups, frozen_by_check=(*self.frozen_by_check, *new))
+
+    def path(self, gid: int) -> list[str]:
+        """The traced ops that carry group ``gid``'s channels, in graph order: ``"add_3 (add at timm/x.py:12)"``."""
+        roots = np.unique(self.groups[gid].roots)
+        nodes = {n.name: n for n in self.gm.graph.nodes}
+        out = []
+        for name, lab in self.node_labels.items():
+            arrays = [a for a in getattr(lab, "dims", ()) if a is not None]
+            if not arrays or not np.isin(self.atoms.find(np.concatenate(arrays)), roots).any():
+                continue
+            node = nodes.get(name)
+            target = getattr(node, "target", name)
+            what = target if isinstance(target, str) else getattr(target, "__name__", str(target))
+            src = node.meta.get(SOURCE_KEY) if node is not None else None
+            where = f" at {'/'.join(Path(src[0]).parts[-2:])}:{src[1]}" if src else ""
+            out.append(f"{name} ({what}{where})")
+        return out
 
     def fingerprint(self) -> str:
         """Identifies the group structure, so a plan is never applied to a different model."""

@@ -3,7 +3,8 @@
     gm = prunefx.trace(model, (torch.randn(1, 3, 224, 224),))
 
 What plain ``torch.fx.symbolic_trace`` lacks and this tracer adds:
-- ``forward(self, x, *args, **kwargs)``: only as many placeholders as example inputs are created;
+- only as many placeholders as example inputs; later parameters keep their defaults (``mask=None``), and
+  ``forward(self, x, *args, **kwargs)`` gets empty ``*args``/``**kwargs``;
 - ``len()`` / ``list()`` / iteration over ``chunk(n)`` and ``split([sizes])`` results (known arity);
 - leaf modules: a registry users extend by type (:func:`register_leaf`), and an automatic fallback that
   makes a submodule whose forward cannot be traced a leaf, retries, and records which and why;
@@ -27,6 +28,8 @@ import torch.fx as fx
 from torch import nn
 
 from prunefx import _plugins
+from prunefx._state import attributes_kept
+from prunefx.capture.concrete import ConcreteValues, NoConcreteValue, as_number
 from prunefx.errors import TraceFailure
 
 _LEAF_TYPES: set[type[nn.Module]] = set()
@@ -69,19 +72,32 @@ class _Proxy(fx.Proxy):
     def __len__(self) -> int:
         n = _arity(self.node)
         if n is None:
+            n = self.tracer.concrete_len(self)
+        if n is None:
             raise fx.proxy.TraceError(
                 f"len() of '{self.node.format_node()}' is not known while tracing "
-                "(only chunk(n) and split([sizes]) have a static length)"
+                "(only chunk(n), split([sizes]) and values computed from shapes have a static length)"
             )
         return n
+
+    def __int__(self) -> int:  # int(x.shape[1] / 2), math.ceil(...) on sizes: the example inputs decide
+        return int(self.tracer.concrete_number(self, "int()"))
+
+    def __float__(self) -> float:  # math.sqrt(num_tokens)
+        return float(self.tracer.concrete_number(self, "float()"))
 
 
 class PrunefxTracer(fx.Tracer):
     """fx.Tracer with known-arity iteration, varargs roots, a leaf registry and failure bookkeeping."""
 
-    def __init__(self, num_inputs: int | None = None, leaf_names: Sequence[str] = ()) -> None:
+    def __init__(
+        self, num_inputs: int | None = None, leaf_names: Sequence[str] = (), example_inputs: Sequence[Any] = ()
+    ) -> None:
         super().__init__()
         self.num_inputs = num_inputs
+        self.example_inputs = tuple(example_inputs)
+        self._concrete: ConcreteValues | None = None
+        self.specialised: dict[str, Any] = {}  # "file:line" -> the value a Python decision on sizes took
         self.leaf_names = set(leaf_names)
         self._stack: list[str] = []
         self.failed_in: str | None = None  # innermost traced (non-leaf) module whose forward raised
@@ -110,8 +126,55 @@ class PrunefxTracer(fx.Tracer):
     def iter(self, obj: fx.Proxy) -> Iterator:
         n = _arity(obj.node)
         if n is None:
+            n = self.concrete_len(obj)
+        if n is None:
             return super().iter(obj)
         return (obj[i] for i in range(n))
+
+    # ---- concrete sizes (prunefx.capture.concrete) ---------------------------------------------------------------
+    def _value(self, obj: fx.Proxy) -> Any:
+        if self._concrete is None:
+            if not self.example_inputs:
+                raise NoConcreteValue("no example inputs to take sizes from")
+            self._concrete = ConcreteValues(self.root, self.example_inputs)
+        return self._concrete.value(self.graph, obj.node)
+
+    def _record(self, value: Any) -> None:
+        frame = sys._getframe(2)
+        while frame is not None and (frame.f_code.co_filename.startswith(_TORCH_DIR) or
+                                     frame.f_code.co_filename == __file__):
+            frame = frame.f_back
+        if frame is not None:
+            self.specialised[f"{frame.f_code.co_filename}:{frame.f_lineno}"] = value
+
+    def to_bool(self, obj: fx.Proxy) -> bool:
+        try:
+            value = bool(as_number(self._value(obj)))
+        except NoConcreteValue:
+            return super().to_bool(obj)  # a condition on tensor data: the original TraceError
+        self._record(value)
+        return value
+
+    def concrete_number(self, obj: fx.Proxy, what: str) -> Any:
+        try:
+            value = as_number(self._value(obj))
+        except NoConcreteValue as exc:
+            node = obj.node.format_node()
+            raise fx.proxy.TraceError(f"{what} of '{node}' is not known while tracing: {exc}") from exc
+        self._record(value)
+        return value
+
+    def concrete_len(self, obj: fx.Proxy) -> int | None:
+        try:
+            value = self._value(obj)
+        except NoConcreteValue:
+            return None
+        # sizes only (``(*x.shape[:-1], -1, head_dim)``): iterating a module's output structure this way would
+        # follow what the example run returned, not what the traced graph holds
+        if isinstance(value, (tuple, list, torch.Size)) and all(type(v) is int for v in value):
+            self._record(len(value))
+            return len(value)
+        return None
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         if module_qualified_name in self.leaf_names or isinstance(m, tuple(_LEAF_TYPES)):
@@ -133,18 +196,65 @@ class PrunefxTracer(fx.Tracer):
     def create_args_for_root(self, root_fn, is_module, concrete_args=None):
         fn = inspect.unwrap(root_fn)
         co = fn.__code__
-        has_var = co.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
-        if not (is_module and has_var and self.num_inputs is not None and concrete_args is None):
-            return super().create_args_for_root(root_fn, is_module, concrete_args)
-        # forward(self, x, *args, **kwargs): bind exactly the example inputs, leave *args/**kwargs empty.
         named = list(co.co_varnames[1 : co.co_argcount])
-        names = [named[i] if i < len(named) else f"input_{i}" for i in range(self.num_inputs)]
-        placeholders = [self.create_proxy("placeholder", n, (), {}) for n in names]
+        has_var = co.co_flags & inspect.CO_VARARGS
+        n = self.num_inputs
+        if not is_module or n is None or concrete_args is not None or (n > len(named) and not has_var):
+            return super().create_args_for_root(root_fn, is_module, concrete_args)
+        # Bind exactly the example inputs. Parameters after them keep their Python defaults (``mask=None``,
+        # ``targets=None``): a placeholder there would send tracing down the ``is not None`` branch, which the
+        # model never takes when called with these inputs. ``*args``/``**kwargs`` stay empty.
+        names = [named[i] if i < len(named) else f"input_{i}" for i in range(n)]
+        placeholders = [self.create_proxy("placeholder", name, (), {}) for name in names]
 
         def bound(root, *xs):
             return root_fn(root, *xs)
 
         return bound, [self.root, *placeholders]
+
+
+@contextmanager
+def module_state_kept(root: nn.Module) -> Iterator[None]:
+    """Restore every submodule's attributes (added, replaced or deleted ones) and buffer values when the block ends.
+
+    Running or tracing a forward executes its Python: a leaf caching anchors, a BatchNorm written functionally
+    that does ``self.num_batches_tracked.add_(1)`` (a real tensor, not a proxy, while tracing) would leave traces.
+    """
+    values = [(b, b.detach().clone()) for b in root.buffers() if b.device.type != "meta"]
+    try:
+        with attributes_kept(root):
+            yield
+    finally:
+        with torch.no_grad():
+            for b, v in values:
+                if not torch.equal(b, v):
+                    b.copy_(v)
+
+
+_VARARGS_FACTORIES = ("ones", "zeros", "empty", "rand", "randn")
+
+
+@contextmanager
+def _factories_take_proxy_sizes() -> Iterator[None]:
+    """torch.ones(b, n) with traced sizes raises in torch's argument parser (it never reaches fx); the same call
+    with the sizes as one tuple is recorded. While tracing, the factories pass traced varargs sizes as a tuple."""
+    originals = {name: getattr(torch, name) for name in _VARARGS_FACTORIES}
+
+    def packing(fn):
+        def factory(*size, **kwargs):
+            if len(size) > 1 and any(isinstance(s, fx.Proxy) for s in size):
+                return fn(tuple(size), **kwargs)
+            return fn(*size, **kwargs)
+
+        return factory
+
+    try:
+        for name, fn in originals.items():
+            setattr(torch, name, packing(fn))
+        yield
+    finally:
+        for name, fn in originals.items():
+            setattr(torch, name, fn)
 
 
 @contextmanager
@@ -165,13 +275,25 @@ def training_mode(model: nn.Module, training: bool | None):
 def _user_frame(exc: BaseException) -> str:
     """'file:line: code' of the innermost frame outside torch, for error messages."""
     frames = traceback.extract_tb(exc.__traceback__)
-    torch_dir = str(torch.__file__).rsplit("/", 1)[0]
-    here = __file__
-    for fr in reversed(frames):
-        if not fr.filename.startswith(torch_dir) and fr.filename != here:
+    for fr in reversed(frames):  # _TORCH_DIR ends with "/": site-packages/torchvision is the user's code here
+        if not fr.filename.startswith(_TORCH_DIR) and fr.filename != __file__:
             code = (fr.line or linecache.getline(fr.filename, fr.lineno)).strip()
             return f"{fr.filename}:{fr.lineno}: {code}"
     return "<unknown location>"
+
+
+def _initialise_lazy(model: nn.Module, example_inputs: Sequence[Any] | None) -> None:
+    """Run one forward on the example inputs when the model has lazy (uninitialised) parameters."""
+    # torch's lazy modules (nn.LazyLinear, ...) take their shapes from their first forward: that is the dry run
+    # torch documents, and nothing can be traced or pruned before it.
+    lazy = [n for n, p in model.named_parameters() if nn.parameter.is_lazy(p)]
+    if not lazy:
+        return
+    if example_inputs is None:
+        raise TraceFailure(f"{lazy[0]} is a lazy parameter that is not initialised yet; pass example inputs "
+                           "(or run the model once) so its shape is known")
+    with training_mode(model, False), torch.no_grad():
+        model(*example_inputs)
 
 
 def trace(
@@ -194,11 +316,12 @@ def trace(
     _plugins.activate()  # leaves registered by the model's library
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
+    _initialise_lazy(model, example_inputs)
     num_inputs = None if example_inputs is None else len(example_inputs)
     auto: dict[str, str] = {}
-    with training_mode(model, training):
+    with training_mode(model, training), module_state_kept(model), _factories_take_proxy_sizes():
         while True:
-            tracer = PrunefxTracer(num_inputs, [*leaves, *auto])
+            tracer = PrunefxTracer(num_inputs, [*leaves, *auto], example_inputs or ())
             try:
                 graph = tracer.trace(model)
                 break
@@ -214,14 +337,17 @@ def trace(
                         "tensor-dependent Python control flow (e.g. `if x.sum() > 0:`) from forward"
                     ) from exc
                 auto[culprit] = f"{type(exc).__name__} at {where}"
-    name = type(model).__name__
-    gm = fx.GraphModule(tracer.root, graph, name)
+        # inside the block: tensor constants fx stowed on the root (_tensor_constant0) are removed on leaving it
+        gm = fx.GraphModule(tracer.root, graph, type(model).__name__)
     own = {
         n for n, _ in (*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False))
     }
     lifted = sorted(n for n, _ in gm.named_buffers() if n not in own)  # torch.tensor(...) constants in forward
-    gm.meta[META_KEY] = {"auto_leaves": auto, "training": training, "lifted_constants": lifted, "capture": "fx"}
+    gm.meta[META_KEY] = {
+        "auto_leaves": auto, "training": training, "lifted_constants": lifted, "specialised": tracer.specialised,
+        "capture": "fx",
+    }
     return gm
 
 
-__all__ = ["trace", "register_leaf", "PrunefxTracer", "training_mode"]
+__all__ = ["trace", "register_leaf", "PrunefxTracer", "training_mode", "module_state_kept"]

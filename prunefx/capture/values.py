@@ -4,8 +4,10 @@ as fallback.
 The meta pass swaps every parameter and buffer for a meta tensor of the same shape (``functional_call``)
 so nothing is allocated, BatchNorm statistics cannot move and models already on the meta device work.
 Ops with data-dependent shapes have no meta kernel; then the graph runs for real in eval mode under
-``torch.no_grad`` (BatchNorm uses, and never updates, its running stats) and flags are restored.
-Results are stored as meta tensors (or plain Python values) in ``node.meta["prunefx_value"]``.
+``torch.no_grad`` on a copy of the parameters and buffers. Both passes interpret the training-mode graph with
+evaluation semantics (:mod:`prunefx.capture.semantics`), and every module's attributes are restored afterwards
+(a leaf that caches tensors in forward, e.g. anchors, would otherwise keep meta tensors), so the model is left
+exactly as it was. Results are stored as meta tensors (or plain Python values) in ``node.meta["prunefx_value"]``.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import torch.fx as fx
 from torch import nn
 from torch.utils._pytree import tree_map
 
-from prunefx.capture.trace import training_mode
+from prunefx.capture.semantics import EvalInterpreter
+from prunefx.capture.trace import module_state_kept, training_mode
 from prunefx.errors import ShapeError
 
 VALUE_KEY = "prunefx_value"
@@ -33,7 +36,7 @@ _SHAPE_PRESERVING = (
 )
 
 
-class _Recorder(fx.Interpreter):
+class _Recorder(EvalInterpreter):
     def call_module(self, target: str, args: tuple, kwargs: dict) -> Any:
         x = args[0] if args else None
         if isinstance(x, torch.Tensor) and x.device.type == "meta" and not kwargs and len(args) == 1:
@@ -70,6 +73,11 @@ def _on_meta(model: nn.Module) -> bool:
 
 def propagate(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> str:
     """Record a value for every node of ``gm``; returns which pass succeeded ("meta" or "eval")."""
+    with module_state_kept(gm):
+        return _propagate(gm, example_inputs)
+
+
+def _propagate(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> str:
     runner = _Runner(gm)
     meta_inputs = tree_map(_to_meta, tuple(example_inputs))
     try:
@@ -87,8 +95,13 @@ def propagate(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> str:
             raise ShapeError(f"shape propagation on the meta device failed: {meta_exc}") from meta_exc
         first_error = meta_exc
     try:
+        # A copy of the state: a leaf's own forward may still update a buffer in place.
+        state = {
+            f"gm.{k}": v.detach().clone()
+            for k, v in (*gm.named_parameters(remove_duplicate=False), *gm.named_buffers(remove_duplicate=False))
+        }
         with training_mode(gm, False), torch.no_grad():
-            runner(*example_inputs)
+            torch.func.functional_call(runner, state, tuple(example_inputs), tie_weights=False, strict=False)
     except Exception as exc:  # noqa: BLE001
         shapes = [tuple(x.shape) for x in example_inputs if isinstance(x, torch.Tensor)]
         raise ShapeError(

@@ -6,8 +6,11 @@
 ultralytics' own GFLOPs convention lives with the ultralytics integration (``prunefx.integrations.ultralytics.gflops``).
 """
 
+from prunefx.metrics.backends import Deployment
 from prunefx.metrics.common import MetricsError
 from prunefx.metrics.flops import CONVENTIONS, Measurement, measure
-from prunefx.metrics.latency import Latency, latency
+from prunefx.metrics.latency import Latency, compare_latency, latency
 
-__all__ = ["CONVENTIONS", "Latency", "Measurement", "MetricsError", "latency", "measure"]
+__all__ = [
+    "CONVENTIONS", "Deployment", "Latency", "Measurement", "MetricsError", "compare_latency", "latency", "measure",
+]

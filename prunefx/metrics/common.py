@@ -10,6 +10,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map_only
 
+from prunefx._state import attributes_kept
 from prunefx.errors import PrunefxError
 
 
@@ -78,22 +79,8 @@ def meta_forward(model: nn.Module, args: tuple[Any, ...]) -> Any:
 
 @contextlib.contextmanager
 def untouched(model: nn.Module) -> Iterator[None]:
-    """Put ``model`` in eval mode for the block, then restore every module's attributes as they were.
-
-    Restoring each module's ``__dict__`` entries (not only ``training``) matters because some forwards
-    cache tensors as plain attributes: ultralytics' Detect head stores anchors for the last input shape,
-    which after a meta-tensor pass would be meta tensors poisoning the next real forward. Parameters,
-    buffers and children live in dicts whose identity does not change, so they are left to their owners.
-    """
-    saved = [(m, dict(vars(m))) for m in model.modules()]
-    try:
+    """Put ``model`` in eval mode for the block, then restore every module's attributes as they were
+    (:func:`prunefx._state.attributes_kept`: cached anchors, flags, hooks installed by the forward)."""
+    with attributes_kept(model):
         model.eval()
         yield
-    finally:
-        for m, before in saved:
-            now = vars(m)
-            for key in [k for k in now if k not in before]:
-                del now[key]
-            for key, value in before.items():
-                if now.get(key) is not value:
-                    now[key] = value

@@ -1,9 +1,9 @@
 """End-to-end pipelines driven by a YAML config: ``prunefx prune configs/yolo.yaml key=value ...``.
 
-``run_config`` reads the config, applies the overrides, validates everything, and runs the pipeline the config's
-model calls for: ultralytics models (a model yaml or an ultralytics checkpoint) go through
-:mod:`prunefx.pipeline.yolo`, classifiers (``torchvision:NAME``, ``package.module:factory``) through
-:mod:`prunefx.pipeline.classify`.
+``run_config`` reads the config, applies the overrides, validates everything, and runs the one stage loop
+(:mod:`prunefx.pipeline.runner`) with the backend the config's model calls for: ultralytics models (a model yaml
+or an ultralytics checkpoint) with :mod:`~prunefx.pipeline.backends.yolo`, classifiers (``torchvision:NAME``,
+``package.module:factory``) with :mod:`~prunefx.pipeline.backends.classify`.
 """
 
 from __future__ import annotations
@@ -31,19 +31,21 @@ def is_config(path: str | os.PathLike[str]) -> bool:
 
 
 def run_config(path: str | os.PathLike[str], overrides: Sequence[str] = (), *,
-               log: Callable[[str], None] = print) -> RunDir:
-    """Load, validate and run the pipeline config at ``path``; returns the finished run directory."""
+               log: Callable[[str], None] = print) -> RunDir | None:
+    """Load, validate and run the pipeline config at ``path``; returns the finished run directory.
+
+    None in the ranks other than 0 of a torchrun launch (rank 0 holds the run).
+    """
     config = load_config(path, overrides)
     from prunefx.pipeline.classify_model import is_classifier_spec
 
     if is_classifier_spec(config.get("model")):  # torchvision:NAME or package.module:factory
-        from prunefx.pipeline.classify import ClassifyJob, run_classify
+        from prunefx.pipeline.backends.classify import ClassifyJob, run_classify
 
         return run_classify(ClassifyJob.from_config(config, config_name=Path(path).stem), log=log)
-    from prunefx.pipeline.yolo import YoloJob, run_yolo
+    from prunefx.pipeline.backends.yolo import YoloJob, run_yolo
 
-    job = YoloJob.from_config(config, config_name=Path(path).stem)
-    return run_yolo(job, log=log)
+    return run_yolo(YoloJob.from_config(config, config_name=Path(path).stem), log=log)
 
 
 __all__ = ["ConfigError", "PruneSpec", "RunDir", "apply_overrides", "is_config", "load_config", "run_config"]

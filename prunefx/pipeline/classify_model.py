@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import difflib
 import functools
-import importlib
 import inspect
 import os
-import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -23,9 +21,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from prunefx._io import atomic_torch_save
+from prunefx._io import atomic_torch_save, load_torch_file
 from prunefx.checkpoint import FORMAT as PRUNED_FORMAT
+from prunefx.errors import UntrustedFileError
 from prunefx.pipeline.config import ConfigError
+from prunefx.spec import exit_message, import_spec_module
 
 WEIGHTS_FORMAT = "prunefx.weights/1"
 
@@ -76,10 +76,11 @@ def _accepted(fn: Callable[..., Any]) -> set[str]:
 
 def _resolve_factory(spec: str) -> Callable[..., Any]:
     module_name, _, attr_path = spec.partition(":")
-    if os.getcwd() not in sys.path:  # like `python -m`: a factory next to the config is importable
-        sys.path.insert(0, os.getcwd())
     try:
-        obj: Any = importlib.import_module(module_name)
+        obj: Any = import_spec_module(module_name)  # the current directory too, after installed packages
+    except SystemExit as exc:  # a script-like module: exiting means "no model", never a clean exit of prunefx
+        raise ConfigError(f"importing {module_name!r} for model {spec!r} {exit_message(exc)}; a factory module "
+                          "must not exit") from exc
     except ModuleNotFoundError as exc:
         raise ConfigError(
             f"unknown model {spec!r}: no module named {exc.name!r}; give torchvision:NAME or "
@@ -103,6 +104,8 @@ def _resolve_factory(spec: str) -> Callable[..., Any]:
 def _call_factory(spec: str, fn: Callable[..., Any], kwargs: dict[str, Any]) -> nn.Module:
     try:
         model = fn(**kwargs)
+    except SystemExit as exc:
+        raise ConfigError(f"model factory {spec!r} {exit_message(exc)} instead of returning a model") from exc
     except Exception as exc:  # the user's factory raised
         raise ConfigError(f"model factory {spec!r} raised {type(exc).__name__}: {exc}") from exc
     if not isinstance(model, nn.Module):
@@ -132,17 +135,27 @@ def save_weights(model: nn.Module, path: str | os.PathLike[str], **meta: Any) ->
     return atomic_torch_save({"format": WEIGHTS_FORMAT, "state_dict": model.state_dict(), **meta}, Path(path))
 
 
-def read_state_dict(path: str | os.PathLike[str]) -> Mapping[str, torch.Tensor]:
-    """The state_dict in ``path``: prunefx weights, a training checkpoint, {"state_dict"|"model": ...} or a bare one."""
+def read_state_dict(path: str | os.PathLike[str], *, trust_checkpoint: bool = False) -> Mapping[str, torch.Tensor]:
+    """The state_dict in ``path``: prunefx weights, a training checkpoint, {"state_dict"|"model": ...} or a bare one.
+
+    Weights-only; ``trust_checkpoint`` unpickles fully (any code in the file runs), which also accepts a pickled
+    module (its state_dict is taken).
+    """
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"checkpoint {path} not found; give the path of a state_dict .pt file on disk")
+    if path.stat().st_size == 0:
+        raise ConfigError(f"checkpoint {path} is empty (0 bytes); save the weights again with "
+                          "torch.save(model.state_dict(), path)")
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # truncated, foreign or pickled-class file
+        payload = load_torch_file(path, trust_checkpoint=trust_checkpoint)
+    except UntrustedFileError:
+        raise
+    except Exception as exc:  # truncated or foreign file
+        detail = (str(exc).strip().splitlines() or [""])[0][:300]
         raise ConfigError(
-            f"checkpoint {path} is not a readable weights file ({type(exc).__name__}: "
-            f"{str(exc).splitlines()[0][:300]}); save it with torch.save(model.state_dict(), path)"
+            f"checkpoint {path} is not a readable weights file ({type(exc).__name__}{': ' + detail if detail else ''})"
+            "; save it with torch.save(model.state_dict(), path)"
         ) from exc
     if isinstance(payload, dict) and payload.get("format") == PRUNED_FORMAT:
         raise ConfigError(
@@ -151,9 +164,11 @@ def read_state_dict(path: str | os.PathLike[str]) -> Mapping[str, torch.Tensor]:
         )
     if isinstance(payload, dict):
         for key in ("state_dict", "model"):
-            if isinstance(payload.get(key), Mapping):
+            if isinstance(payload.get(key), (Mapping, nn.Module)):
                 payload = payload[key]
                 break
+    if isinstance(payload, nn.Module):  # only a trusted, fully unpickled file holds a module
+        payload = payload.state_dict()
     if (
         not isinstance(payload, Mapping)
         or not payload
@@ -163,9 +178,11 @@ def read_state_dict(path: str | os.PathLike[str]) -> Mapping[str, torch.Tensor]:
     return {str(k).removeprefix("module."): v for k, v in payload.items()}  # DDP-saved names
 
 
-def load_weights(model: nn.Module, path: str | os.PathLike[str], spec: str = "the model") -> nn.Module:
+def load_weights(
+    model: nn.Module, path: str | os.PathLike[str], spec: str = "the model", *, trust_checkpoint: bool = False
+) -> nn.Module:
     """Load ``path``'s state_dict into ``model``; a mismatch is a ConfigError naming the differing keys."""
-    state = read_state_dict(path)
+    state = read_state_dict(path, trust_checkpoint=trust_checkpoint)
     own = model.state_dict()
     missing = [k for k in own if k not in state]
     unexpected = [k for k in state if k not in own]

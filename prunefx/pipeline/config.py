@@ -1,45 +1,42 @@
 """Pipeline configs: a YAML file plus ``key=value`` overrides, validated before any work starts.
 
-A config keeps the training tool's own keys at the top level (ultralytics' ``epochs``, ``imgsz``, ...)
-and prunefx's keys in one ``prune:`` block, parsed here into a frozen :class:`PruneSpec`::
+A config keeps the training tool's own keys at the top level (ultralytics' ``epochs``, ``imgsz``, ...; the
+classification recipe) and prunefx's keys in one ``prune:`` block, parsed here into a frozen :class:`PruneSpec`
+made of the library's own configs: the target and limits are a :class:`~prunefx.plan.PlanConfig`, the sparsity
+strength a :class:`~prunefx.train.SparsityConfig`. Only the YAML shape is mapped here (``target: {flops: 0.5}``
+onto ``PlanConfig(flops=0.5)``; the stage keys beside each config's own)::
 
     prune:
       criterion: bn_scale            # bn_scale | l1 | l2 | taylor | random
-      target: {flops: 0.5}           # exactly one of ratio / flops / params
-      scope: global                  # global | local
-      round_to: 1
-      ignore: []                     # fnmatch patterns of modules left alone
-      sparsity: {epochs: 0, s: 1.0e-3, schedule: constant, exclude_residual: false}
+      target: {flops: 0.5}           # exactly one of ratio / flops / params (default: PlanConfig's)
+      scope: global                  # and any other PlanConfig field: round_to, ignore, max_ratio, ...
+      sparsity: {epochs: 0, start: baseline, s: 1.0e-4, schedule: constant, ...}   # + training keys
       finetune: {epochs: 10}         # plus any training key, overriding the top level for fine-tuning
 
 >>> raw = load_config("configs/yolo.yaml", ["epochs=3", "prune.target.flops=0.4"])
->>> spec = PruneSpec.parse(raw["prune"], train_keys=ULTRALYTICS_KEYS)
+>>> spec = PruneSpec.parse(raw["prune"], train_keys=ultralytics_keys())
 """
 
 from __future__ import annotations
 
 import copy
-import difflib
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
-from prunefx.errors import PrunefxError
+from prunefx._config import ConfigError, check_fields, check_keys, field_names, from_dict, to_dict
 from prunefx.importance import CRITERIA
-from prunefx.plan import PlanConfig, PlanError
-
-
-class ConfigError(PrunefxError):
-    """A pipeline config is invalid; the message names the key and the fix."""
-
+from prunefx.plan import PlanConfig
+from prunefx.plan.config import TARGETS  # PlanConfig's alternative targets, written `target: {flops: 0.5}`
+from prunefx.train.sparsity import SparsityConfig
 
 # Target keys are alternatives: an override of one replaces the others (``prune.target.flops=0.4`` on a config
 # that says ``target: {ratio: 0.3}`` means "use flops instead", not "give two targets").
-_ONE_OF = {("prune", "target"): ("ratio", "flops", "params")}
+_ONE_OF = {("prune", "target"): TARGETS}
 
 
 def load_config(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> dict[str, Any]:
@@ -84,215 +81,145 @@ def apply_overrides(config: Mapping[str, Any], overrides: Sequence[str]) -> dict
     return out
 
 
-def check_keys(given: Iterable[str], known: Iterable[str], where: str, *, what: str = "key") -> None:
-    """Raise :class:`ConfigError` naming every unknown key in ``given`` with the closest known spelling."""
-    known = sorted(known)
-    bad = [k for k in given if k not in known]
-    if not bad:
-        return
-    hints = []
-    for k in bad:
-        close = difflib.get_close_matches(str(k), known, n=1, cutoff=0.6)
-        hints.append(f"{k!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-    raise ConfigError(
-        f"unknown {what}{'s' if len(bad) > 1 else ''} in {where}: {', '.join(hints)}; known {what}s: {', '.join(known)}"
-    )
-
-
-def _typed(value: Any, kind: type | tuple[type, ...], key: str) -> Any:
-    # YAML reads 1e-3 as a string (YAML 1.1 needs a dot: 1.0e-3); accept it as the number the user meant.
-    if isinstance(value, str) and float in (kind if isinstance(kind, tuple) else (kind,)):
-        try:
-            value = float(value)
-        except ValueError:
-            pass
-    if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
-        raise ConfigError(f"{key} must be {_names(kind)}, got {value!r}")
-    if isinstance(value, int) and not isinstance(value, bool) and kind is float:
-        value = float(value)
-    if not isinstance(value, kind):
-        raise ConfigError(f"{key} must be {_names(kind)}, got {value!r}")
-    return value
-
-
-def _names(kind: type | tuple[type, ...]) -> str:
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    return " or ".join(
-        {
-            "NoneType": "null",
-            "str": "a string",
-            "float": "a number",
-            "int": "an integer",
-            "bool": "true/false",
-            "list": "a list",
-            "tuple": "a list",
-        }.get(k.__name__, k.__name__)
-        for k in kinds
-    )
+def dump_config(config: Mapping[str, Any]) -> str:
+    """The resolved config as YAML, keys in the order given."""
+    return yaml.safe_dump(dict(config), sort_keys=False)
 
 
 @dataclass(frozen=True)
-class TrainSpec:
-    """A training stage inside the prune block (sparsity, fine-tuning): epochs plus training-key overrides."""
+class RunOptions:
+    """Where a run goes and how its directory is opened: the config's top-level run keys."""
 
-    epochs: int = 0
+    project: str = "runs/prune"  # the run goes to project/name (name2, name3, ... when taken)
+    name: str | None = None  # default: the config file's stem
+    resume: bool = False  # continue the run project/name after its last finished stage
+    exist_ok: bool = False  # replace project/name instead of picking name2
+    trust_checkpoint: bool = False  # unpickle checkpoints fully and eval model yamls: they can run code
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+    @classmethod
+    def parse(cls, config: Mapping[str, Any], default_name: str) -> RunOptions:
+        given = {k: config[k] for k in RUN_KEYS if config.get(k) is not None}
+        opts = from_dict(cls, given)
+        return replace(opts, name=str(opts.name or default_name))
+
+
+RUN_KEYS = field_names(RunOptions)
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """A training stage inside the prune block (fine-tuning): epochs plus training keys overriding the top level."""
+
+    epochs: int = 0  # 0 skips the stage
     overrides: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"epochs": self.epochs, **self.overrides}
-
 
 @dataclass(frozen=True)
-class SparsitySpec(TrainSpec):
-    """Network-slimming sparsity training: L1 on BatchNorm gammas, ``s`` fixed or adapted to a target."""
+class SparsityStage(StageSpec):
+    """Network-slimming sparsity training: the stage (epochs, start) and the regulariser (``config``)."""
 
-    s: float = 1e-3
     # baseline: continue from the trained baseline; scratch: train from the same initialisation as the baseline
     # with the penalty on from the first step (network slimming's recipe; a short-trained baseline's gammas sit
     # near 1, and a few appended epochs of plain L1 shrink them all alike instead of separating them)
-    start: str = "baseline"
-    schedule: str = "constant"  # constant | target (prunefx.train.TargetSparsity)
-    target: float = 0.5  # schedule=target: fraction of gammas driven below threshold
-    threshold: float = 1e-2
-    s_max: float = 3e-2  # schedule=target: the largest s it may reach (keep s_max * lr well below threshold)
-    selective: bool = False  # penalise only the `target` fraction with the smallest gammas (BNSparsity select)
-    exclude_residual: bool = False  # leave BNs that feed residual adds unpenalised
-    exclude: tuple[str, ...] = ()  # fnmatch patterns of BatchNorm names left unpenalised
-
-    def to_dict(self) -> dict[str, Any]:
-        own = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("epochs", "overrides")}
-        own["exclude"] = list(self.exclude)
-        return {"epochs": self.epochs, **own, **self.overrides}
+    start: Literal["baseline", "scratch"] = "baseline"
+    config: SparsityConfig = SparsityConfig()
 
 
-_SPARSITY_OWN = {
-    "s": float,
-    "start": str,
-    "schedule": str,
-    "target": float,
-    "threshold": float,
-    "s_max": float,
-    "selective": bool,
-    "exclude_residual": bool,
-    "exclude": list,
-}
+_STAGE_KEYS = ("epochs", "start")
 
 
 @dataclass(frozen=True)
 class PruneSpec:
-    """The ``prune:`` block of a pipeline config, validated."""
+    """The ``prune:`` block of a pipeline config, validated: what to prune to, and the stages around the cut."""
 
-    criterion: str = "bn_scale"
-    ratio: float | None = None
-    flops: float | None = None
-    params: float | None = None
-    scope: str = "global"
-    round_to: int = 1
-    min_channels: int = 1
-    max_ratio: float = 0.9
-    ignore: tuple[str, ...] = ()
+    criterion: str = "bn_scale"  # a registered importance (prunefx.importance.CRITERIA)
+    plan: PlanConfig = field(default_factory=PlanConfig)
+    sparsity: SparsityStage = SparsityStage()
+    finetune: StageSpec = StageSpec()
     bias_compensation: bool | None = None  # default: on for bn_scale
-    verify: bool = True
-    latency: bool = True
-    sparsity: SparsitySpec = SparsitySpec()
-    finetune: TrainSpec = TrainSpec()
+    verify: bool = True  # the oracle: the pruned model equals the masked original
+    latency: bool = True  # time the models for the report
 
-    _SCALARS = {
-        "criterion": str,
-        "scope": str,
-        "round_to": int,
-        "min_channels": int,
-        "max_ratio": float,
-        "ignore": list,
-        "bias_compensation": (bool, type(None)),
-        "verify": bool,
-        "latency": bool,
-    }
+    def __post_init__(self) -> None:
+        if self.criterion not in CRITERIA:
+            check_keys([self.criterion], CRITERIA, "prune.criterion", what="value")
 
     @classmethod
     def parse(cls, block: Any, *, train_keys: Iterable[str]) -> PruneSpec:
         """Validate a ``prune:`` mapping; ``train_keys`` are the keys the sparsity/finetune blocks may override."""
-        if block is None:
-            block = {}
-        if not isinstance(block, dict):
+        block = {} if block is None else block
+        if not isinstance(block, Mapping):
             raise ConfigError(f"prune must be a block of keys (criterion, target, ...), got {block!r}")
-        check_keys(block, [*cls._SCALARS, "target", "sparsity", "finetune"], "prune")
-        kw: dict[str, Any] = {}
-        for key, kind in cls._SCALARS.items():
-            if key in block:
-                kw[key] = _typed(block[key], kind, f"prune.{key}")
-        if "ignore" in kw:
-            kw["ignore"] = tuple(str(p) for p in kw["ignore"])
-        if kw.get("criterion", "bn_scale") not in CRITERIA:
-            check_keys([kw["criterion"]], CRITERIA, "prune.criterion", what="value")
-        target = block.get("target", {"flops": 0.5})
+        plan_keys = [k for k in field_names(PlanConfig) if k not in TARGETS]
+        own = [k for k in field_names(cls) if k not in ("plan", "sparsity", "finetune")]
+        check_keys(block, [*own, *plan_keys, "target", "sparsity", "finetune"], "prune")
+        target = block.get("target")
         if isinstance(target, (int, float)) and not isinstance(target, bool):
             target = {"flops": target}  # a bare number is the FLOPs fraction kept
-        if not isinstance(target, dict) or len(target) != 1:
+        if target is not None and (not isinstance(target, Mapping) or len(target) != 1):
             raise ConfigError(
-                f"prune.target must name exactly one of ratio, flops, params (e.g. {{flops: 0.5}}), got {target!r}"
+                f"prune.target must name exactly one of {', '.join(TARGETS)} (e.g. {{flops: 0.5}}), got {target!r}"
             )
-        check_keys(target, ("ratio", "flops", "params"), "prune.target")
-        ((tkey, tval),) = target.items()
-        kw[tkey] = _typed(tval, float, f"prune.target.{tkey}")
+        if target is not None:
+            check_keys(target, TARGETS, "prune.target")
+        plan = {k: block[k] for k in plan_keys if k in block} | dict(target or {})
         train_keys = set(train_keys)
-        kw["sparsity"] = _parse_train(block.get("sparsity"), "prune.sparsity", train_keys, SparsitySpec, _SPARSITY_OWN)
-        kw["finetune"] = _parse_train(block.get("finetune"), "prune.finetune", train_keys, TrainSpec, {})
-        spec = cls(**kw)
-        spec.plan_config()  # the planner's own range checks, now rather than after training
-        if spec.sparsity.start not in ("baseline", "scratch"):
-            raise ConfigError(f"prune.sparsity.start must be 'baseline' or 'scratch', got {spec.sparsity.start!r}")
-        if spec.sparsity.schedule not in ("constant", "target"):
-            raise ConfigError(f"prune.sparsity.schedule must be 'constant' or 'target', got {spec.sparsity.schedule!r}")
-        if not 0 < spec.sparsity.target < 1:
-            raise ConfigError(f"prune.sparsity.target must be in (0, 1), got {spec.sparsity.target}")
-        if spec.sparsity.s < 0:
-            raise ConfigError(f"prune.sparsity.s must be >= 0, got {spec.sparsity.s}")
-        return spec
-
-    def plan_config(self) -> PlanConfig:
-        try:
-            return PlanConfig(
-                ratio=self.ratio,
-                flops=self.flops,
-                params=self.params,
-                scope=self.scope,
-                round_to=self.round_to,
-                min_channels=self.min_channels,
-                max_ratio=self.max_ratio,
-                ignore=self.ignore,
-            )
-        except PlanError as exc:
-            raise ConfigError(f"prune: {exc}") from exc
+        return from_dict(cls, {
+            **{k: block[k] for k in own if k in block},
+            "plan": from_dict(PlanConfig, plan, "prune"),
+            "sparsity": _stage(block.get("sparsity"), "prune.sparsity", train_keys, sparsity=True),
+            "finetune": _stage(block.get("finetune"), "prune.finetune", train_keys, sparsity=False),
+        }, "prune")
 
     @property
     def target(self) -> dict[str, float]:
-        return {k: v for k in ("ratio", "flops", "params") if (v := getattr(self, k)) is not None}
+        return {k: v for k in TARGETS if (v := getattr(self.plan, k)) is not None}
 
     def to_dict(self) -> dict[str, Any]:
-        out = {k: v for k, v in asdict(self).items() if k not in ("ratio", "flops", "params", "sparsity", "finetune")}
-        out["ignore"] = list(self.ignore)
-        return {**out, "target": self.target, "sparsity": self.sparsity.to_dict(), "finetune": self.finetune.to_dict()}
+        """The ``prune:`` block as YAML writes it: ``PruneSpec.parse(spec.to_dict(), ...) == spec``."""
+        plan = {k: v for k, v in to_dict(self.plan).items() if k not in TARGETS}
+        own = {k: getattr(self, k) for k in field_names(type(self)) if k not in ("plan", "sparsity", "finetune")}
+        sp = self.sparsity
+        return {
+            **own,
+            "target": self.target,
+            **plan,
+            "sparsity": {"epochs": sp.epochs, "start": sp.start, **to_dict(sp.config), **sp.overrides},
+            "finetune": {"epochs": self.finetune.epochs, **self.finetune.overrides},
+        }
 
 
-def _parse_train(block: Any, where: str, train_keys: set[str], cls: type[TrainSpec], own: dict[str, Any]) -> TrainSpec:
-    if block is None:
-        return cls()
-    if not isinstance(block, dict):
+def _stage(block: Any, where: str, train_keys: set[str], *, sparsity: bool) -> StageSpec:
+    """A sparsity / fine-tuning block: its stage keys, the regulariser's keys, the rest training overrides."""
+    block = {} if block is None else block
+    if not isinstance(block, Mapping):
         raise ConfigError(f"{where} must be a block of keys (epochs, ...), got {block!r}")
-    check_keys(block, {"epochs", *own, *train_keys}, where)
-    kw: dict[str, Any] = {"epochs": _typed(block.get("epochs", 0), int, f"{where}.epochs")}
-    if kw["epochs"] < 0:
-        raise ConfigError(f"{where}.epochs must be >= 0 (0 skips the stage), got {kw['epochs']}")
-    for key, kind in own.items():
-        if key in block:
-            kw[key] = _typed(block[key], kind, f"{where}.{key}")
-    if "exclude" in kw:
-        kw["exclude"] = tuple(str(p) for p in kw["exclude"])
-    kw["overrides"] = {k: v for k, v in block.items() if k not in own and k != "epochs"}
-    return cls(**kw)
+    own = (*_STAGE_KEYS, *field_names(SparsityConfig)) if sparsity else ("epochs",)
+    check_keys(block, {*own, *train_keys}, where)
+    overrides = {k: v for k, v in block.items() if k not in own}
+    epochs = from_dict(StageSpec, {"epochs": block.get("epochs", 0)}, where).epochs
+    if epochs < 0:
+        raise ConfigError(f"{where}.epochs must be >= 0 (0 skips the stage), got {epochs}")
+    if not sparsity:
+        return StageSpec(epochs, overrides)
+    config = from_dict(SparsityConfig, {k: v for k, v in block.items() if k in field_names(SparsityConfig)}, where)
+    start = from_dict(SparsityStage, {"start": block.get("start", "baseline")}, where).start
+    return SparsityStage(epochs, overrides, start=start, config=config)
 
 
-def dump_config(config: Mapping[str, Any]) -> str:
-    """The resolved config as YAML, keys in the order given."""
-    return yaml.safe_dump(dict(config), sort_keys=False)
+__all__ = [
+    "RUN_KEYS",
+    "TARGETS",
+    "ConfigError",
+    "PruneSpec",
+    "RunOptions",
+    "SparsityStage",
+    "StageSpec",
+    "apply_overrides",
+    "check_keys",
+    "dump_config",
+    "load_config",
+]

@@ -1,8 +1,14 @@
-"""A pipeline run directory: resolved config, stage-by-stage state, and resume.
+"""A pipeline run directory: resolved config, stage-by-stage state, resume, and the rules for where runs may go.
 
 ``<project>/<name>/state.json`` records every finished stage (its results and timing); a stage counts as done
 only once its artefacts are written and its entry is saved, so an interrupted run resumes from the last finished
 stage and never looks complete: ``status`` is ``complete`` only after the report, the last stage, is written.
+
+A run directory is only ever created under ``project`` (``name`` is one path component); replacing one
+(``exist_ok``) only ever removes a directory whose ``state.json`` says it is a prunefx run; and a run holds an
+exclusive lock on its directory (``.lock``, with the owner's pid), so a second run on the same directory fails
+instead of merging with the first. The OS releases the lock when its process ends, however it ends: a lock file
+left by a killed run is stale and never blocks.
 
     run = RunDir.open(Path("runs/prune"), "yolo", config, resume=False, exist_ok=False)
     if not run.done("baseline"):
@@ -16,20 +22,22 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
+import os
 import shutil
+import socket
+import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from prunefx._io import atomic_write
-from prunefx.pipeline.config import ConfigError, dump_config
+from prunefx.pipeline.config import RUN_KEYS, ConfigError, dump_config
 
 STATE = "state.json"
 CONFIG = "config.yaml"
+LOCK = ".lock"
 SCHEMA = "prunefx.run/1"
-# Keys that choose how to open the run rather than what it computes: they may differ when resuming.
-RUN_KEYS = ("resume", "exist_ok", "name", "project")
 
 
 class RunError(ConfigError):
@@ -47,14 +55,18 @@ class RunDir:
     def open(cls, project: Path, name: str, config: Mapping[str, Any], *, resume: bool = False,
              exist_ok: bool = False) -> RunDir:
         """Create ``project/name`` (``name2``, ``name3``... when taken), replace it (``exist_ok``) or resume it."""
-        root = Path(project) / name
+        root = run_root(project, name)
         if resume:
             return cls._resume(root, config)
-        if root.exists() and exist_ok:
-            shutil.rmtree(root)
-        elif root.exists():
-            root = _next_free(root)
-        root.mkdir(parents=True)
+        if exist_ok and root.is_dir() and _entries(root):
+            check_replaceable(root)  # before the lock file is added to a directory that may not be a run
+            with RunLock.acquire(root).held_until_error():
+                check_replaceable(root)  # still a run now that no other run can be writing it
+                for entry in _entries(root):
+                    _remove(entry)
+        else:
+            root = _claim(root, reuse_empty=exist_ok)
+            RunLock.acquire(root)
         state = {"schema": SCHEMA, "status": "running", "created": _now(), "stages": {}, "error": None}
         run = cls(root, state)
         atomic_write(root / CONFIG, dump_config(config).encode())
@@ -63,17 +75,28 @@ class RunDir:
 
     @classmethod
     def _resume(cls, root: Path, config: Mapping[str, Any]) -> RunDir:
-        state_path = root / STATE
-        if not state_path.is_file():
+        if not (root / STATE).is_file():
             raise RunError(f"cannot resume {root}: it holds no {STATE} (no prunefx run was started there); "
-                           "drop resume=true to start a new run, or give the run's name=")
-        try:
-            state = json.loads(state_path.read_text())
-        except json.JSONDecodeError as exc:
-            raise RunError(f"cannot resume {root}: {STATE} is corrupt ({exc}); start a new run") from exc
+                           "drop resume=true to start a new run, or give the run's name= and project=")
+        with RunLock.acquire(root).held_until_error():
+            return cls._resume_locked(root, config)
+
+    @classmethod
+    def _resume_locked(cls, root: Path, config: Mapping[str, Any]) -> RunDir:
+        state = read_state(root)
         import yaml
 
-        saved = yaml.safe_load((root / CONFIG).read_text()) or {}
+        try:
+            saved = yaml.safe_load((root / CONFIG).read_text())
+        except FileNotFoundError:
+            raise RunError(f"cannot resume {root}: its {CONFIG} is missing, so the run's settings are unknown; "
+                           "start a new run (drop resume=true)") from None
+        except yaml.YAMLError as exc:
+            raise RunError(f"cannot resume {root}: its {CONFIG} is corrupt ({_first_line(exc)}); "
+                           "start a new run (drop resume=true)") from exc
+        if not isinstance(saved, dict):
+            raise RunError(f"cannot resume {root}: its {CONFIG} is not a mapping of keys (got "
+                           f"{type(saved).__name__}); start a new run (drop resume=true)")
         changed = sorted(_diff(_strip(saved), _strip(config)))
         if changed:
             raise RunError(
@@ -104,9 +127,7 @@ class RunDir:
         try:
             yield info
         except BaseException as exc:
-            self.state["status"] = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
-            self.state["error"] = {"stage": name, "type": type(exc).__name__, "message": str(exc)[:2000]}
-            self._save()
+            self.fail(exc, stage=name)
             raise
         info["seconds"] = round(time.perf_counter() - start, 2)
         info["finished"] = _now()
@@ -114,10 +135,22 @@ class RunDir:
         self.state.pop("current", None)
         self._save()
 
+    @classmethod
+    def reload(cls, root: Path) -> RunDir:
+        """The run at ``root`` as its ``state.json`` says now (another process may have advanced it)."""
+        return cls(Path(root), read_state(root))
+
+    def fail(self, exc: BaseException, *, stage: str | None) -> None:
+        """Record that the run stopped with ``exc`` in ``stage`` (e.g. a failed worker, seen by the parent)."""
+        self.state["status"] = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+        self.state["error"] = {"stage": stage, "type": type(exc).__name__, "message": str(exc)[:2000]}
+        self._save()
+
     def complete(self) -> None:
         self.state["status"] = "complete"
         self.state["finished"] = _now()
         self._save()
+        RunLock.release_root(self.root)  # whichever object of this process took it (spawned runs reload state)
 
     @property
     def is_complete(self) -> bool:
@@ -127,14 +160,231 @@ class RunDir:
         atomic_write(self.root / STATE, json.dumps(self.state, indent=2, default=str).encode())
 
 
-def _next_free(root: Path) -> Path:
-    i = 2
-    while (candidate := root.with_name(f"{root.name}{i}")).exists():
+# ---- where runs may go ------------------------------------------------------------------------------------------
+
+
+def run_root(project: str | os.PathLike[str], name: str) -> Path:
+    """``project/name``, after checking ``name`` is one path component and ``project`` can hold directories."""
+    text = str(name)
+    if (
+        not text.strip()
+        or text in (".", "..")
+        or "/" in text
+        or (os.sep != "/" and os.sep in text)
+        or (os.altsep is not None and os.altsep in text)
+        or "\0" in text
+        or Path(text).is_absolute()
+    ):
+        raise RunError(
+            f"name={text!r} must be one directory name (no '/', '..' or absolute path): runs are created inside "
+            "project=; give project= for another place (e.g. project=/data/runs name=exp1)"
+        )
+    project = Path(project)
+    if project.exists() and not project.is_dir():
+        raise RunError(f"project={project} is a file, not a directory; give project= a directory to hold the runs "
+                       "(it is created when missing)")
+    return project / text
+
+
+def is_run(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a directory whose ``state.json`` says it is a prunefx run."""
+    try:
+        state = json.loads((Path(path) / STATE).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(state, dict) and state.get("schema") == SCHEMA
+
+
+def check_replaceable(path: str | os.PathLike[str]) -> None:
+    """Raise :class:`RunError` unless ``path`` is missing, empty (a lock file aside) or a prunefx run."""
+    path = Path(path)
+    if not path.exists() and not path.is_symlink():
+        return
+    if path.is_symlink() or not path.is_dir():
+        raise RunError(f"{path} is not a directory; prunefx replaces only run directories. Pick another name/--out")
+    if _entries(path) and not is_run(path):
+        raise RunError(
+            f"{path} is not a prunefx run (it has no {STATE} with schema {SCHEMA}), so exist_ok will not delete "
+            "it; pick another name=/--out, or remove the directory yourself"
+        )
+
+
+def read_state(root: str | os.PathLike[str]) -> dict[str, Any]:
+    """The run's ``state.json`` as a dict, or a :class:`RunError` saying what is wrong with it."""
+    path = Path(root) / STATE
+    try:
+        state = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise RunError(f"{root} holds no {STATE}: it is not a prunefx run directory") from None
+    except ValueError as exc:
+        raise RunError(f"{path} is corrupt ({exc}); the run cannot be resumed or trusted: start a new run") from exc
+    if not isinstance(state, dict) or state.get("schema") != SCHEMA or not isinstance(state.get("stages"), dict):
+        raise RunError(f"{path} is not a prunefx run state (expected a mapping with schema {SCHEMA} and "
+                       "stages); start a new run")
+    return state
+
+
+def check_finished(root: str | os.PathLike[str]) -> None:
+    """Refuse a run (a directory with a state.json) whose last stage has not finished."""
+    if not (Path(root) / STATE).exists():
+        return  # not a prunefx run: a report written by other means
+    state = read_state(root)
+    if state.get("status") != "complete":
+        err = state.get("error") or {}
+        detail = f"{err.get('type')}: {str(err.get('message', ''))[:200]}"
+        where = f" in stage {err['stage']!r} ({detail})" if err.get("stage") else ""
+        raise RunError(
+            f"the run in {root} is not complete (status {state.get('status')!r}{where}); "
+            "continue it with the same config plus resume=true"
+        )
+
+
+def install(tmp: str | os.PathLike[str], root: str | os.PathLike[str]) -> Path:
+    """Move a run built in ``tmp`` (a sibling of ``root``) to ``root``, replacing the run there, if any.
+
+    Only a prunefx run no process holds is replaced; both moves are renames, so ``root`` is at every moment
+    either the old run or the new one.
+    """
+    tmp, root = Path(tmp), Path(root)
+    if not root.exists():
+        tmp.rename(root)
+        return root
+    check_replaceable(root)
+    lock = RunLock.acquire(root)
+    try:
+        check_replaceable(root)
+        trash = Path(tempfile.mkdtemp(dir=root.parent, prefix=f".{root.name}.old."))
+        root.rename(trash / root.name)
+        try:
+            tmp.rename(root)
+        except BaseException:
+            (trash / root.name).rename(root)  # put the old run back
+            raise
+    finally:
+        lock.release()
+    shutil.rmtree(trash, ignore_errors=True)
+    return root
+
+
+def _claim(root: Path, *, reuse_empty: bool) -> Path:
+    """Create ``root`` or, when it is taken, the first free ``root2``, ``root3``...; atomic against other runs."""
+    try:
+        root.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RunError(f"cannot create project directory {root.parent}: {exc.strerror or exc}; give project= a "
+                       "directory you can write (it is created when missing)") from exc
+    candidate, i = root, 1
+    while True:
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            if reuse_empty and candidate == root and candidate.is_dir() and not _entries(candidate):
+                return candidate
         i += 1
-    return candidate
+        candidate = root.with_name(f"{root.name}{i}")
+
+
+def _entries(path: Path) -> list[Path]:
+    """What a directory holds, its lock file aside."""
+    return [p for p in path.iterdir() if p.name != LOCK]
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+
+
+# ---- the lock ---------------------------------------------------------------------------------------------------
+
+
+class RunLock:
+    """An exclusive lock on a run directory: ``flock`` on ``<root>/.lock``, which holds the owner's pid and host.
+
+    Re-entrant within a process (a run resumed in the process that started it); another process gets a
+    :class:`RunError` naming the owner. ``flock`` is released by the OS when the owner exits, so a lock file left
+    by a killed run is stale and is simply taken over.
+    """
+
+    _held: dict[str, RunLock] = {}  # per process: realpath -> lock
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self._fd: int | None = fd
+
+    @classmethod
+    def acquire(cls, root: str | os.PathLike[str]) -> RunLock:
+        path = Path(root) / LOCK
+        key = os.path.realpath(path)
+        held = cls._held.get(key)
+        if held is not None and held._fd is not None:
+            return held
+        try:
+            import fcntl
+        except ImportError:  # not POSIX: no advisory locks; runs on one name are the user's to keep apart
+            fcntl = None  # type: ignore[assignment]
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            if fcntl is not None:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    owner = _read_owner(fd)
+                    raise RunError(
+                        f"{root} is in use by another prunefx run ({owner}); wait for it to finish, or give this run "
+                        "another name=/--out"
+                    ) from None
+                except OSError as exc:  # e.g. a network file system without locks
+                    raise RunError(f"cannot lock {path}: {exc.strerror or exc}; put project= on a local disk") from exc
+            os.ftruncate(fd, 0)
+            os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": _now()}).encode())
+        except BaseException:
+            os.close(fd)
+            raise
+        lock = cls(path, fd)
+        cls._held[key] = lock
+        return lock
+
+    def release(self) -> None:
+        """Give the lock up (the file stays: removing it would race with a process about to lock it)."""
+        if self._fd is None:
+            return
+        os.close(self._fd)  # closing the descriptor releases its flock
+        self._fd = None
+        self._held.pop(os.path.realpath(self.path), None)
+
+    @contextlib.contextmanager
+    def held_until_error(self) -> Iterator[RunLock]:
+        """Keep the lock after the block, or give it up if the block raises (the run never started)."""
+        try:
+            yield self
+        except BaseException:
+            self.release()
+            raise
+
+    @classmethod
+    def release_root(cls, root: str | os.PathLike[str]) -> None:
+        """Release this process's lock on ``root``, if it holds one."""
+        held = cls._held.get(os.path.realpath(Path(root) / LOCK))
+        if held is not None:
+            held.release()
+
+
+def _read_owner(fd: int) -> str:
+    try:
+        info = json.loads(os.pread(fd, 4096, 0) or b"{}")
+        return f"pid {info['pid']} on {info['host']}, since {info['since']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "owner unknown"
+
+
+# ---- helpers ----------------------------------------------------------------------------------------------------
 
 
 def _strip(config: Mapping[str, Any]) -> dict[str, Any]:
+    # Keys that choose how to open the run rather than what it computes: they may differ when resuming.
     return {k: v for k, v in config.items() if k not in RUN_KEYS}
 
 
@@ -144,6 +394,11 @@ def _diff(a: Any, b: Any, prefix: str = "") -> Iterator[str]:
             yield from _diff(a.get(k), b.get(k), f"{prefix}{k}.")
     elif a != b:
         yield prefix.rstrip(".")
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
 
 
 def _now() -> str:

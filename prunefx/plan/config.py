@@ -5,7 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from prunefx._config import check_fields
 from prunefx.errors import PrunefxError
+
+TARGETS = ("ratio", "flops", "params", "latency")
+DEFAULT_TARGET = ("flops", 0.5)  # the common ask: half the compute
 
 
 class PlanError(PrunefxError):
@@ -14,43 +18,49 @@ class PlanError(PrunefxError):
 
 @dataclass(frozen=True)
 class PlanConfig:
-    """How much to prune and under which limits. Exactly one target: ratio, flops or params.
+    """How much to prune and under which limits. Exactly one target: ratio, flops, params or latency.
 
-    ratio: fraction of prunable channels to remove, in [0, 1). flops / params: fraction of the model's
-    MACs / parameters to KEEP, in (0, 1] ("flops: 0.5" keeps half). scope "global": one score threshold
-    over every group (network slimming); "local": each group loses the same fraction.
+    ratio: fraction of prunable channels to remove, in [0, 1). flops / params / latency: fraction of the
+    model's MACs / parameters / measured latency to KEEP, in (0, 1] ("flops: 0.5" keeps half; latency is
+    measured on a deployment, see ``prunefx.prune``). No target given: ``DEFAULT_TARGET``, the one default of
+    the API, the CLI and the pipeline configs. scope "global": one score threshold over every group (network
+    slimming), or for latency the greedy latency planner; "local": each group loses the same fraction.
     """
 
     ratio: float | None = None
     flops: float | None = None
     params: float | None = None
+    latency: float | None = None
     scope: Literal["global", "local"] = "global"
     min_channels: int = 1  # never prune a group below this many channels (never to zero)
     max_ratio: float = 0.9  # never remove more than this fraction of one group
-    round_to: int = 1  # kept widths rounded up to a multiple of this (hardware-friendly)
+    # kept widths rounded up to a multiple of this (hardware-friendly); "auto": to the fast edge of the measured
+    # latency step each width falls on (needs a deployment to measure, like a latency target)
+    round_to: int | Literal["auto"] = 1
     ignore: tuple[str, ...] = ()  # fnmatch patterns of module names whose groups are left alone
     overrides: tuple[tuple[str, float], ...] = ()  # (module pattern, ratio) for local per-layer ratios
     graph_rewrite: bool = False  # allow rewriting literal channel counts in the traced graph
     uniform_layers: bool = False  # groups with the same role in repeated layers keep equal counts (one config value)
 
     def __post_init__(self) -> None:
-        targets = [k for k in ("ratio", "flops", "params") if getattr(self, k) is not None]
-        if len(targets) != 1:
-            raise PlanError(f"give exactly one target (ratio, flops or params), got {targets or 'none'}")
+        check_fields(self, error=PlanError)
+        targets = [k for k in TARGETS if getattr(self, k) is not None]
+        if not targets:
+            object.__setattr__(self, *DEFAULT_TARGET)  # frozen: set once, here, before anyone sees it
+        elif len(targets) != 1:
+            raise PlanError(f"give exactly one target (ratio, flops, params or latency), got {targets}")
         if self.ratio is not None and not 0.0 <= self.ratio < 1.0:
             raise PlanError(f"ratio must be in [0, 1) (fraction of channels removed), got {self.ratio}")
-        for k in ("flops", "params"):
+        for k in ("flops", "params", "latency"):
             v = getattr(self, k)
             if v is not None and not 0.0 < v <= 1.0:
                 raise PlanError(f"{k} must be in (0, 1] (fraction of the model's {k} kept), got {v}")
-        if self.scope not in ("global", "local"):
-            raise PlanError(f"scope must be 'global' or 'local', got {self.scope!r}")
         if self.min_channels < 1:
             raise PlanError(f"min_channels must be >= 1 (a group is never pruned to zero), got {self.min_channels}")
         if not 0.0 < self.max_ratio <= 1.0:
             raise PlanError(f"max_ratio must be in (0, 1], got {self.max_ratio}")
-        if self.round_to < 1:
-            raise PlanError(f"round_to must be >= 1, got {self.round_to}")
+        if self.round_to != "auto" and not (isinstance(self.round_to, int) and self.round_to >= 1):
+            raise PlanError(f"round_to must be an integer >= 1 or 'auto', got {self.round_to!r}")
         for pat, r in self.overrides:
             if not 0.0 <= r < 1.0:
                 raise PlanError(f"override ratio for {pat!r} must be in [0, 1), got {r}")

@@ -24,6 +24,7 @@ class GroupPlan:
     after: int
     keep: tuple[int, ...]
     why: str
+    label: str = ""  # the group's name in tables (first producing layer and channels): "layer1.0.conv1 out[0:64]"
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class PruningPlan:
     groups: tuple[GroupPlan, ...]
     skipped: tuple[tuple[int, str], ...] = ()  # (group id, reason) for prunable groups left alone
     estimate: dict[str, float] = field(default_factory=dict)  # cost model's MACs / params before and after
+    frozen: tuple[tuple[int, str], ...] = ()  # (group id, reason): frozen because pruning them failed the oracle
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -58,10 +60,12 @@ class PruningPlan:
             criterion=d["criterion"],
             target=dict(d["target"]),
             groups=tuple(
-                GroupPlan(g["group"], g["before"], g["after"], tuple(g["keep"]), g["why"]) for g in d["groups"]
+                GroupPlan(g["group"], g["before"], g["after"], tuple(g["keep"]), g["why"], g.get("label", ""))
+                for g in d["groups"]
             ),
             skipped=tuple((int(a), str(b)) for a, b in d.get("skipped", ())),
             estimate=dict(d.get("estimate", {})),
+            frozen=tuple((int(a), str(b)) for a, b in d.get("frozen", ())),
         )
 
     @staticmethod
@@ -73,6 +77,7 @@ class PruningPlan:
         return tuple(g for g in self.groups if g.after < g.before)
 
     def summary(self) -> str:
+        """One line: groups pruned, channels before -> after, criterion, estimated MACs (``table()``: per group)."""
         before = sum(g.before for g in self.groups)
         after = sum(g.after for g in self.groups)
         est = ""
@@ -84,13 +89,14 @@ class PruningPlan:
         )
 
     def table(self):
+        """A rich Table with one row per planned group: its name, channels before -> after, and why."""
         from rich.table import Table
 
         t = Table(title=self.summary())
-        for col in ("group", "before", "after", "why"):
-            t.add_column(col)
+        for col in ("group", "layer", "before", "after", "why"):
+            t.add_column(col, overflow="fold")
         for g in self.groups:
-            t.add_row(str(g.group), str(g.before), str(g.after), g.why)
+            t.add_row(str(g.group), g.label, str(g.before), str(g.after), g.why)
         return t
 
 
@@ -99,6 +105,7 @@ def validate_plan(
 ) -> None:
     """Raise PlanError unless ``plan`` fits ``dg`` exactly; nothing is modified. ``owned``: modules whose fixers
     rewrite the literals in their forward (``prunefx.transform.owned_modules``), which need no graph rewrite."""
+    dg = dg.with_frozen(plan.frozen)  # a fresh analysis of the model, with the groups prune() froze re-frozen
     if plan.fingerprint != dg.fingerprint():
         raise PlanError(
             f"this plan was made for a different model or input shape (plan {plan.model} {plan.fingerprint}, "

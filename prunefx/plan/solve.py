@@ -1,6 +1,7 @@
-"""Decide what to prune: choose kept channels per group so a ratio / FLOPs / params target is met.
+"""Decide what to prune: choose kept channels per group so a ratio / FLOPs / params / latency target is met.
 
     plan = make_plan(dg, scores, PlanConfig(flops=0.5, round_to=8), cost=CostModel(model, dg, inputs))
+    plan = make_plan(dg, scores, PlanConfig(latency=0.5), latency=LatencyModel(...))  # see prunefx.plan.latency
 """
 
 from __future__ import annotations
@@ -9,13 +10,16 @@ import fnmatch
 import math
 import re
 import warnings
+from collections.abc import Mapping
 
 import numpy as np
 
 from prunefx.analysis.graph import DependencyGraph
 from prunefx.analysis.roles import Kind
-from prunefx.plan.config import PlanConfig, PlanError
+from prunefx.importance import Scores
+from prunefx.plan.config import TARGETS, PlanConfig, PlanError
 from prunefx.plan.cost import CostModel
+from prunefx.plan.latency import LatencyModel, latency_widths
 from prunefx.plan.plan import GroupPlan, PruningPlan
 
 
@@ -77,7 +81,7 @@ def layer_ties(dg: DependencyGraph) -> list[tuple[tuple[int, ...], str]]:
 _LAYER_INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)")
 
 
-def _counts(dg, scores, eligible, cfg, knob: float, ties) -> dict[int, int]:
+def _counts(dg, scores, eligible, cfg, knob: float, ties, latency: LatencyModel | None = None) -> dict[int, int]:
     """Kept channel count per eligible group for a global threshold / local ratio ``knob``."""
     counts = {}
     for gid in eligible:
@@ -89,7 +93,9 @@ def _counts(dg, scores, eligible, cfg, knob: float, ties) -> dict[int, int]:
             n = c - int(math.floor((knob if r is None else r) * c + 1e-9))
         lo = max(cfg.min_channels, int(math.ceil((1.0 - cfg.max_ratio) * c - 1e-9)))
         n = min(max(n, lo), c)
-        if cfg.round_to > 1:
+        if cfg.round_to == "auto":
+            n = latency.fast_width(gid, n)
+        elif cfg.round_to > 1:
             n = min(c, int(math.ceil(n / cfg.round_to)) * cfg.round_to)
         counts[gid] = n
     for gids, _ in ties:  # equal-count ties (chunk halves, uniform layers): the larger count wins
@@ -130,20 +136,29 @@ def _keep(scores: np.ndarray, n: int) -> np.ndarray:
 
 def make_plan(
     dg: DependencyGraph,
-    scores: dict[int, np.ndarray],
+    scores: Scores | Mapping[int, np.ndarray],
     cfg: PlanConfig,
     *,
-    criterion: str = "custom",
+    criterion: str | None = None,
     cost: CostModel | None = None,
+    latency: LatencyModel | None = None,
     owned_constants: frozenset[str] = frozenset(),
 ) -> PruningPlan:
     """Choose kept channels for every eligible group so the target in ``cfg`` is met.
 
-    ``scores``: group id -> one score per channel (higher = keep). ``cost`` is required for flops /
-    params targets, which are solved by bisection on the global threshold (or the local ratio).
+    ``scores``: a :class:`prunefx.Scores` (its criterion names the plan) or group id -> one score per channel
+    (higher = keep; the plan says ``criterion``, default "custom"). ``cost`` is required for flops / params targets,
+    which are solved by bisection on the global threshold (or the local ratio).
+    ``latency`` (a :class:`~prunefx.plan.latency.LatencyModel`) is required for a latency target and for
+    ``round_to="auto"``: with global scope the latency planner decides each group's width (importance
+    decides which channels), with local scope the per-layer ratio is bisected against the predicted latency.
     ``owned_constants``: names of modules whose fixers rewrite the literal channel counts in their forward
     (``prunefx.transform.owned_modules(model)``); their groups need no ``graph_rewrite``.
     """
+    if isinstance(scores, Scores):
+        criterion = criterion or scores.criterion
+        scores = scores.values
+    criterion = criterion or "custom"
     eligible, skipped = _eligible(dg, cfg, owned_constants)
     ties = [*dg.ties, *(layer_ties(dg) if cfg.uniform_layers else ())]
     missing = [g for g in eligible if g not in scores or len(scores[g]) != dg.groups[g].channels]
@@ -151,14 +166,20 @@ def make_plan(
         raise PlanError(f"scores missing or of wrong length for groups {missing[:5]}")
     if (cfg.flops is not None or cfg.params is not None) and cost is None:
         raise PlanError("a flops/params target needs a CostModel (cost=CostModel(model, dg, inputs))")
+    if (cfg.latency is not None or cfg.round_to == "auto") and latency is None:
+        raise PlanError(
+            "a latency target and round_to='auto' need measured latencies: pass latency=LatencyModel(...), "
+            "or call prunefx.prune, which measures them on its deployment"
+        )
 
+    raw = scores
     if cfg.scope == "global":
         # One global ranking; equal scores (fresh BatchNorms all have gamma 1) are broken by relative
         # position inside the group, so ties are pruned evenly across groups instead of group by group.
         scores = _global_ranks(dg, scores, eligible)
 
     def masks_for(knob: float) -> dict[int, np.ndarray]:
-        return {g: _keep(scores[g], n) for g, n in _counts(dg, scores, eligible, cfg, knob, ties).items()}
+        return {g: _keep(scores[g], n) for g, n in _counts(dg, scores, eligible, cfg, knob, ties, latency).items()}
 
     all_scores = np.sort(np.concatenate([scores[g] for g in eligible])) if eligible else np.zeros(1)
     total = sum(dg.groups[g].channels for g in eligible)
@@ -169,30 +190,42 @@ def make_plan(
             return 1.0 - sum(int(m.sum()) for m in masks.values()) / max(total, 1)
         if cfg.flops is not None:
             return cost.macs(masks) / cost.macs_total
+        if cfg.latency is not None:
+            return latency.predict({g: int(m.sum()) for g, m in masks.items()}) / latency.base_ms
         return cost.params(masks) / cost.params_total
 
-    # the removed fraction grows with the knob; kept MACs / params shrink
-    goal, increasing = (cfg.ratio, True) if cfg.ratio is not None else (cfg.flops or cfg.params, False)
-    if cfg.ratio is not None and cfg.scope == "local":
+    # the removed fraction grows with the knob; kept MACs / params / latency shrink
+    goal, increasing = (cfg.ratio, True) if cfg.ratio is not None else (cfg.flops or cfg.params or cfg.latency, False)
+    planned = cfg.latency is not None and cfg.scope == "global"
+    if planned:  # the latency planner: widths from the latency table, channels by rank
+        widths = latency_widths(latency, dg, {g: scores[g] + 1.0 for g in eligible}, eligible, cfg.latency, ties)
+        masks = {g: _keep(scores[g], n) for g, n in widths.items()}
+        knob = 0.0
+    elif cfg.ratio is not None and cfg.scope == "local":
         knob = cfg.ratio  # per-layer ratio: each group loses exactly this fraction (or its override)
     else:
         knob = _bisect(measure_fn, masks_for, goal, increasing, all_scores, cfg.scope)
-    masks = masks_for(knob)
+    if not planned:
+        masks = masks_for(knob)
 
     groups = []
+    raw_sorted = np.sort(np.concatenate([np.asarray(raw[g], dtype=np.float64) for g in eligible])) if eligible else None
     for gid in eligible:
         m = masks[gid]
         c = dg.groups[gid].channels
-        why = (
-            f"global rank > {int(knob)} of {total}"
-            if cfg.scope == "global"
-            else f"ratio {(_override(dg, gid, cfg) or knob):.3f}"
-        )
-        n_raw = int((scores[gid] > knob).sum()) if cfg.scope == "global" else None
-        if n_raw is not None and int(m.sum()) != n_raw:
-            why += f"; clamped/rounded to {int(m.sum())}"
-        groups.append(GroupPlan(gid, c, int(m.sum()), tuple(np.flatnonzero(m).tolist()), why))
-    target = {k: getattr(cfg, k) for k in ("ratio", "flops", "params") if getattr(cfg, k) is not None}
+        if planned:
+            n = int(m.sum())
+            why = f"latency: width {n} of {c} (measured candidates {_grid_text(latency.grids.get(gid))})"
+        elif cfg.scope == "global":
+            why = _global_why(np.asarray(raw[gid], dtype=np.float64), scores[gid] <= knob, raw_sorted, knob)
+            n_raw = int((scores[gid] > knob).sum())
+            if int(m.sum()) != n_raw:
+                why += f"; kept {int(m.sum())} instead of {n_raw} (min_channels / max_ratio / round_to / a tie)"
+        else:
+            why = f"ratio {(_override(dg, gid, cfg) or knob):.3f}"
+        keep = tuple(np.flatnonzero(m).tolist())
+        groups.append(GroupPlan(gid, c, int(m.sum()), keep, why, dg.groups[gid].label))
+    target = {k: getattr(cfg, k) for k in TARGETS if getattr(cfg, k) is not None}
     target.update(scope=cfg.scope, round_to=cfg.round_to, min_channels=cfg.min_channels, max_ratio=cfg.max_ratio)
     if cfg.uniform_layers:
         target.update(uniform_layers=True)
@@ -206,9 +239,28 @@ def make_plan(
             "params_before": cost.params_total,
             "params_after": cost.params(masks),
         }
+    if latency is not None:
+        estimate["latency_ms_before"] = latency.base_ms
+        estimate["latency_ms_planned"] = latency.predict({g: int(m.sum()) for g, m in masks.items()})
     return PruningPlan(
-        dg.model_name, dg.fingerprint(), dg.input_shapes, criterion, target, tuple(groups), tuple(skipped), estimate
+        dg.model_name, dg.fingerprint(), dg.input_shapes, criterion, target, tuple(groups), tuple(skipped), estimate,
+        dg.frozen_by_check,
     )
+
+
+def _grid_text(grid: np.ndarray | None) -> str:
+    if grid is None or not len(grid):
+        return "none"
+    return ",".join(map(str, grid.tolist())) if len(grid) <= 6 else f"{grid[0]},{grid[1]},...,{grid[-1]}"
+
+
+def _global_why(raw: np.ndarray, below: np.ndarray, raw_sorted: np.ndarray, knob: float) -> str:
+    """Why a group loses what it loses under one global threshold: its scores against that threshold."""
+    stats = f"its scores: min {raw.min():.3g}, median {np.median(raw):.3g}, max {raw.max():.3g}"
+    if knob < 0:
+        return f"no channel is below the global threshold ({stats})"
+    threshold = raw_sorted[min(int(knob), len(raw_sorted) - 1)]
+    return f"{int(below.sum())} of {len(raw)} channels score at or below the global threshold {threshold:.3g} ({stats})"
 
 
 def _bisect(measure_fn, masks_for, goal: float, increasing: bool, all_scores: np.ndarray, scope: str) -> float:

@@ -13,31 +13,80 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-_MAX_HEIGHT_IN = 150  # keeps a model with thousands of groups under matplotlib's pixel limit
+_MAX_STAGES = 30  # bars in the per-stage panel; deeper module prefixes are merged until this many remain
 
 
 def _png(fig: Figure) -> bytes:
     FigureCanvasAgg(fig)
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
+    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
     return buffer.getvalue()
 
 
-def widths_png(widths: Sequence[Mapping[str, Any]]) -> bytes:
-    """Horizontal bars of each group's width before (grey) and after (blue) pruning, in model order."""
+def _module(name: str) -> list[str]:
+    """The module path of a group label ("model.2.cv1.conv out[0:16]" -> ["model", "2", "cv1", "conv"])."""
+    return name.split(" ", 1)[0].split(".")
+
+
+def _stages(names: Sequence[str]) -> list[str]:
+    """Each group's stage: the deepest module prefix that still leaves at most ``_MAX_STAGES`` distinct stages."""
+    paths = [_module(n) for n in names]
+    best = [p[0] for p in paths]
+    for depth in range(2, max((len(p) for p in paths), default=1)):
+        keys = [".".join(p[:depth]) for p in paths]
+        if len(set(keys)) > _MAX_STAGES:
+            break
+        best = keys
+    return best
+
+
+def widths_png(widths: Sequence[Mapping[str, Any]], title: str = "") -> bytes:
+    """Kept channels at a glance: the kept % of every group in model order (top), and before/after channels with
+    the kept % per stage (bottom; a stage is a module prefix such as ``layer1`` or ``model.4``)."""
     names = [w["name"] for w in widths]
-    height = min(_MAX_HEIGHT_IN, max(2.5, 0.22 * len(widths) + 1.2))
-    fig = Figure(figsize=(8, height))
-    ax = fig.add_subplot()
-    rows = range(len(widths))
-    ax.barh([r - 0.2 for r in rows], [w["before"] for w in widths], height=0.4, color="0.75", label="before")
-    ax.barh([r + 0.2 for r in rows], [w["after"] for w in widths], height=0.4, color="tab:blue", label="after")
-    ax.set_yticks(list(rows), names, fontsize=7)
-    ax.invert_yaxis()  # first layer at the top, as in the model
-    ax.set_xlabel("channels / features")
-    ax.set_title("Widths before and after pruning")
-    ax.legend(loc="best")
-    ax.grid(axis="x", alpha=0.3)
+    kept = [100.0 * w["after"] / max(w["before"], 1) for w in widths]
+    stages = _stages(names)
+    order = list(dict.fromkeys(stages))
+    totals = {s: [0, 0, 0] for s in order}  # before, after, groups
+    for w, s in zip(widths, stages, strict=True):
+        totals[s][0] += w["before"]
+        totals[s][1] += w["after"]
+        totals[s][2] += 1
+    rows = len(order)
+    fig = Figure(figsize=(10, 3.2 + 0.32 * rows + 0.8))
+    top, bottom = fig.subplots(2, 1, height_ratios=[3.2, 0.32 * rows + 0.8])
+
+    colours = ["tab:blue", "tab:orange"]
+    xs = list(range(len(widths)))
+    for i, s in enumerate(order):  # shade alternate stages so the dots read by stage
+        idx = [x for x, st in zip(xs, stages, strict=True) if st == s]
+        if i % 2:
+            top.axvspan(idx[0] - 0.5, idx[-1] + 0.5, color="0.93", zorder=0)
+        top.scatter(idx, [kept[x] for x in idx], s=14, color=colours[i % 2], zorder=2)
+    top.set_ylim(0, 105)
+    top.set_xlim(-0.5, max(len(widths) - 0.5, 0.5))
+    top.set_ylabel("kept %", fontsize=11)
+    top.set_xlabel(f"group, in model order ({len(widths)} groups; shading alternates by stage)", fontsize=10)
+    top.grid(axis="y", alpha=0.3)
+    top.tick_params(labelsize=10)
+    removed = 1 - sum(w["after"] for w in widths) / max(sum(w["before"] for w in widths), 1)
+    top.set_title((title + "\n" if title else "") + f"channels kept per group ({removed:.0%} of all removed)",
+                  fontsize=12)
+
+    ys = list(range(rows))
+    before = [totals[s][0] for s in order]
+    after = [totals[s][1] for s in order]
+    bottom.barh(ys, before, height=0.7, color="0.82", label="before")
+    bottom.barh(ys, after, height=0.7, color="tab:blue", label="after")
+    for y, b, a in zip(ys, before, after, strict=True):
+        bottom.text(b, y, f"  {a}/{b} ({100 * a / max(b, 1):.0f}%)", va="center", fontsize=9)
+    bottom.set_yticks(ys, [f"{s} ({totals[s][2]})" for s in order], fontsize=10)
+    bottom.invert_yaxis()  # first stage at the top, as in the model
+    bottom.set_xlim(0, max(before, default=1) * 1.35)
+    bottom.set_xlabel("channels per stage (groups in brackets)", fontsize=10)
+    bottom.legend(loc="lower right", fontsize=9)
+    bottom.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
     return _png(fig)
 
 

@@ -20,6 +20,8 @@ def _signed_pct(rel: float | None) -> str:
 def _abs_rel(delta: Mapping[str, Any] | None) -> str:
     if delta is None:
         return "-"
+    if delta.get("noise"):  # a change the timing cannot vouch for is not printed as one
+        return delta["noise"]
     value = delta["abs"]
     return (f"{value:+,}" if isinstance(value, int) else f"{value:+.4g}") + _signed_pct(delta["rel"])
 
@@ -44,6 +46,9 @@ def _row(stage: Mapping[str, Any], metrics: Sequence[str]) -> list[str]:
     latency = "-"
     if lat:
         change = _signed_pct(delta["latency_median_ms"]["rel"]) if "latency_median_ms" in delta else ""
+        noise = lat.get("noise") or delta.get("latency_median_ms", {}).get("noise")
+        if noise:  # say why the number is unreliable instead of printing a change that is not real
+            change = f" ({noise})"
         latency = f"{lat['median_ms']:.2f} [{lat['p10_ms']:.2f}, {lat['p90_ms']:.2f}]{change}"
     cells = [
         cost("macs", 1e9, ".3f"),
@@ -102,13 +107,16 @@ def _sweep_section(sweep: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def render_markdown(report: Mapping[str, Any], plots: Sequence[str] = ()) -> str:
-    """The human-readable report.md: results table, changes, widths, sweep, plots, conventions, machine."""
+    """The human-readable report.md: warnings, results table, changes, widths, sweep, plots, conventions, machine."""
     stages = report["stages"]
     metrics = _metric_names(stages)
     lines = [f"# Pruning report: {report['model']}", ""]
     lines += [f"Created {report['created']} with prunefx {report['prunefx']}.", ""]
+    if report.get("warnings"):
+        lines += ["## Warnings", "", *(f"- **warning**: {w}" for w in report["warnings"]), ""]
     lines += _md_table(["stage", *_COST_COLUMNS, *metrics], [[name, *_row(s, metrics)] for name, s in stages.items()])
     lines += ["", "Costs show the relative change vs baseline in parentheses, metrics the absolute change.", ""]
+    lines += _timing_line(report.get("timing"))
     lines += _changes_section(stages) + _widths_section(report["widths"]) + _sweep_section(report["sweep"])
     lines += [f"![{name.removesuffix('.png')}]({name})" for name in plots] + ([""] if plots else [])
     lines += ["## Conventions", "", *(f"- **{k}**: {v}" for k, v in report["conventions"].items())]
@@ -118,12 +126,29 @@ def render_markdown(report: Mapping[str, Any], plots: Sequence[str] = ()) -> str
     return "\n".join(lines) + "\n"
 
 
+def _timing_line(timing: Mapping[str, Any] | None) -> list[str]:
+    """One sentence on how latency was timed (stated once), flagged when the timing is unreliable."""
+    if not timing:
+        return []
+    how = "in alternating rounds" if timing.get("alternating") else f"in {timing.get('rounds', 1)} round(s)"
+    load = timing.get("load_avg")
+    where = f"load average {load:.1f} on {timing.get('cpu_count')} cores" if load is not None else "load unknown"
+    text = (f"Latency: {timing['backend']} ({timing.get('deployed') or 'as is'}) on {timing['device']}, "
+            f"{timing['threads']} threads, batch {timing['batch_size']}, models timed {how}; {where}.")
+    if timing.get("noise"):
+        text += f" **{timing['noise']}: the latency changes above are not reliable.**"
+    return [text, ""]
+
+
 def render_table(report: Mapping[str, Any]) -> Table:
     """A rich Table for the terminal: one column per stage, one row per cost or metric (fits any metric count)."""
     stages = report["stages"]
     metrics = _metric_names(stages)
-    table = Table(title=f"prunefx: {report['model']}",
-                  caption="FLOPs = 2 x MACs; costs: (x%) = change vs baseline; metrics: (+x) = absolute change")
+    caption = "FLOPs = 2 x MACs; costs: (x%) = change vs baseline; metrics: (+x) = absolute change"
+    timing = _timing_line(report.get("timing"))
+    if timing:
+        caption += "\n" + timing[0].replace("**", "")
+    table = Table(title=f"prunefx: {report['model']}", caption=caption)
     table.add_column("quantity", style="bold")
     for name in stages:
         table.add_column(name, justify="right")

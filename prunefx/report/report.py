@@ -1,33 +1,13 @@
 """Pruning-run report: build it from plain measurements, validate it, write it atomically, load it back.
 
-``report.json`` (schema ``prunefx.report/1``)::
-
-    {
-      "schema": "prunefx.report/1",
-      "model": str,                       # what was pruned, e.g. "torchvision:resnet50"
-      "created": str,                     # ISO-8601 UTC timestamp
-      "prunefx": str,                     # package version
-      "machine": {"platform": str, "machine": str, "processor": str, "cpu_count": int,
-                  "python": str, "torch": str, "torch_threads": int},
-      "conventions": {str: str},          # how MACs, FLOPs (= 2 x MACs), norms, latency, deltas are counted
-      "settings": {...},                  # the caller's run settings, verbatim
-      "stages": {                         # "baseline" and "pruned" always, "finetuned" optionally
-        "<stage>": {
-          "macs": int, "flops": int,      # flops == 2 * macs
-          "params": int, "buffers": int, "size_bytes": int | null,   # null: model on the meta device
-          "per_module_macs": {str: int}, "per_op_macs": {str: int}, "uncounted_ops": [str],
-          "input_shapes": [[int]], "ran_on": str,
-          "latency": null | {"median_ms", "p10_ms", "p90_ms", "min_ms", "mean_ms": float,
-                             "repeats", "warmup", "batch_size", "threads": int,
-                             "device", "torch_version": str, "channels_last": bool},
-          "metrics": {str: number},       # task metrics: top1, map50_95, ...
-          "delta": {str: {"abs": number, "rel": number | null}},          # cost vs baseline ({} for it)
-          "metrics_delta": {str: {"abs": number, "rel": number | null}}   # shared metrics vs baseline
-        }
-      },
-      "widths": [{"name": str, "before": int, "after": int}],             # per pruned group / layer
-      "sweep": [{"ratio": number, "macs": int, "flops": int, "params": int, "metrics": {str: number}}]
-    }
+``report.json`` (schema ``prunefx.report/1``) is :class:`Report` as JSON: the dataclasses below are the schema,
+and ``Report.from_dict`` is its validator (unknown keys, missing keys and wrong types are errors naming the key).
+In short: ``model``, ``created`` (ISO-8601 UTC), ``prunefx`` (version), ``machine``, ``timing`` (how latency was
+timed, once, and why it is unreliable when it is), ``conventions`` (how MACs, FLOPs = 2 x MACs, norms, latency,
+deltas are counted), ``settings`` (the caller's, verbatim), ``stages`` (``baseline`` and ``pruned`` always,
+``finetuned`` optionally: costs, latency, task metrics and their change vs the baseline), ``widths`` (per pruned
+group), ``sweep`` (accuracy vs FLOPs points) and ``warnings`` (what the numbers cannot support, e.g. tied scores;
+report.md lists them first).
 
 Deltas: ``abs = stage - baseline`` and ``rel = abs / baseline`` (null when the baseline is 0); cost
 deltas cover macs, flops, params, size_bytes (when both are known) and, when both stages were timed,
@@ -39,7 +19,6 @@ from __future__ import annotations
 import datetime
 import importlib.metadata
 import json
-import math
 import os
 import platform
 from collections.abc import Mapping, Sequence
@@ -49,6 +28,7 @@ from typing import Any
 
 import torch
 
+from prunefx._config import from_dict, to_dict
 from prunefx._io import atomic_write
 from prunefx.errors import PrunefxError
 from prunefx.metrics import CONVENTIONS as COUNT_CONVENTIONS
@@ -82,6 +62,109 @@ class SweepPoint:
     metrics: Mapping[str, float] = field(default_factory=dict, hash=False)
 
 
+@dataclass(frozen=True)
+class Delta:
+    """A change vs the baseline: ``abs = stage - baseline``, ``rel = abs / baseline`` (None when it is 0)."""
+
+    abs: float
+    rel: float | None
+    noise: str | None = None  # latency only: why the change is not vouched for (renderers print this instead)
+
+
+@dataclass(frozen=True)
+class StageRecord:
+    """One stage in report.json: what :class:`Measurement` counts, its latency, metrics and deltas."""
+
+    macs: int
+    flops: int  # 2 x macs
+    params: int
+    buffers: int
+    size_bytes: int | None  # None: the model was on the meta device
+    per_module_macs: dict[str, int]
+    per_op_macs: dict[str, int]
+    uncounted_ops: tuple[str, ...]
+    input_shapes: tuple[tuple[int, ...], ...]
+    ran_on: str
+    latency: Latency | None  # None: not timed
+    metrics: dict[str, float]  # task metrics: top1, map50_95, ...
+    delta: dict[str, Delta]  # costs vs baseline ({} for the baseline)
+    metrics_delta: dict[str, Delta]  # shared metrics vs baseline
+
+    def __post_init__(self) -> None:
+        if self.flops != 2 * self.macs:
+            raise ReportError(f"flops ({self.flops}) must be 2 x macs ({self.macs})")
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How the report's latencies were timed, stated once, and why they are unreliable when they are."""
+
+    backend: str
+    deployed: str
+    device: str
+    threads: int
+    batch_size: int
+    rounds: int
+    alternating: bool
+    load_avg: float | None
+    cpu_count: int | None
+    noise: str | None
+
+
+@dataclass(frozen=True)
+class Width:
+    """One pruned group's channels before and after."""
+
+    name: str
+    before: int
+    after: int
+
+
+@dataclass(frozen=True)
+class SweepRow:
+    """One point of an accuracy-vs-FLOPs sweep."""
+
+    ratio: float
+    macs: int
+    flops: int
+    params: int
+    metrics: dict[str, float]
+
+
+@dataclass(frozen=True)
+class Report:
+    """A whole report.json; ``Report.from_dict(d)`` validates ``d`` and ``to_dict`` writes it back."""
+
+    schema: str
+    model: str  # what was pruned, e.g. "torchvision:resnet50"
+    created: str
+    prunefx: str
+    machine: dict[str, Any]
+    conventions: dict[str, str]
+    settings: dict[str, Any]
+    stages: dict[str, StageRecord]
+    timing: Timing | None = None  # how latency was timed, once (None: not timed)
+    widths: tuple[Width, ...] = ()
+    sweep: tuple[SweepRow, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.schema != SCHEMA:
+            raise ReportError(f"schema: expected {SCHEMA!r}, got {self.schema!r}")
+        missing = [s for s in STAGES[:2] if s not in self.stages]
+        unknown = [s for s in self.stages if s not in STAGES]
+        if missing or unknown:
+            raise ReportError(f"stages: {'missing' if missing else 'unknown stage'} {(missing or unknown)[0]!r} "
+                              f"(allowed: {', '.join(STAGES)}; baseline and pruned are required)")
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Report:
+        return from_dict(cls, d, error=ReportError)
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_dict(self)
+
+
 def _delta(value: float, base: float) -> dict[str, float | None]:
     return {"abs": value - base, "rel": (value - base) / base if base else None}
 
@@ -100,6 +183,9 @@ def _stage_dict(stage: Stage, baseline: Stage | None) -> dict[str, Any]:
         out["delta"] = {k: _delta(out[k], base[k]) for k in costs if None not in (out[k], base[k])}
         if stage.latency and baseline.latency:
             out["delta"]["latency_median_ms"] = _delta(stage.latency.median_ms, baseline.latency.median_ms)
+            noise = stage.latency.noise or baseline.latency.noise
+            if noise:  # the change is not vouched for: renderers print the reason instead of the percentage
+                out["delta"]["latency_median_ms"]["noise"] = noise
         out["metrics_delta"] = {
             k: _delta(float(v), float(baseline.metrics[k])) for k, v in stage.metrics.items() if k in baseline.metrics
         }
@@ -113,7 +199,7 @@ def _version() -> str:
         return "unknown"
 
 
-def _machine() -> dict[str, Any]:
+def _machine(timed: Latency | None = None) -> dict[str, Any]:
     return {
         "platform": platform.platform(),
         "machine": platform.machine(),
@@ -121,7 +207,29 @@ def _machine() -> dict[str, Any]:
         "cpu_count": os.cpu_count() or 0,
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
+        # the threads latency was timed with, stated once (torch's count now may differ after training)
+        "torch_threads": timed.threads if timed is not None else torch.get_num_threads(),
+    }
+
+
+def _timing(stages: Sequence[Stage]) -> dict[str, Any] | None:
+    """How the latencies were timed, once for the report: backend, threads, rounds, load average, noise."""
+    timed = [s.latency for s in stages if s is not None and s.latency is not None]
+    if not timed:
+        return None
+    first = timed[0]
+    loads = [t.load_avg for t in timed if t.load_avg is not None]
+    return {
+        "backend": first.backend,
+        "deployed": first.deployed,
+        "device": first.device,
+        "threads": first.threads,
+        "batch_size": first.batch_size,
+        "rounds": first.rounds,
+        "alternating": len({t.rounds for t in timed}) == 1 and first.rounds > 1,
+        "load_avg": max(loads) if loads else None,
+        "cpu_count": first.cpu_count,
+        "noise": next((t.noise for t in timed if t.noise), None),
     }
 
 
@@ -134,10 +242,12 @@ def build_report(
     widths: Sequence[tuple[str, int, int]] = (),
     sweep: Sequence[SweepPoint] = (),
     settings: Mapping[str, Any] | None = None,
+    warnings: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Assemble a validated ``report.json`` dict (schema in this module's docstring) from plain data.
 
-    ``widths`` holds ``(name, before, after)`` per pruned group; ``settings`` (JSON-able) is stored as is.
+    ``widths`` holds ``(name, before, after)`` per pruned group; ``settings`` (JSON-able) is stored as is;
+    ``warnings`` are sentences about what the numbers cannot support (report.md lists them first).
 
     >>> build_report(model="resnet50", baseline=Stage(measure(m0, x)), pruned=Stage(measure(m1, x)))
     """
@@ -149,7 +259,8 @@ def build_report(
         "model": model,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "prunefx": _version(),
-        "machine": _machine(),
+        "machine": _machine(baseline.latency or pruned.latency),
+        "timing": _timing([baseline, pruned, finetuned]),
         "conventions": {
             **COUNT_CONVENTIONS,
             "latency": LATENCY_CONVENTION,
@@ -169,6 +280,7 @@ def build_report(
             }
             for p in sweep
         ],
+        "warnings": [str(w) for w in warnings],
     }
     try:
         json.dumps(report["settings"], allow_nan=False)
@@ -180,123 +292,14 @@ def build_report(
     return report
 
 
-# ---- validation -----------------------------------------------------------------------------------
-
-_INT, _NUM, _STR, _BOOL = "int", "number", "str", "bool"
-
-
-def _is(value: Any, kind: str) -> bool:
-    if kind == _BOOL:
-        return isinstance(value, bool)
-    if isinstance(value, bool):  # bool is an int subclass; True is not a MAC count
-        return False
-    if kind == _INT:
-        return isinstance(value, int)
-    if kind == _NUM:
-        return isinstance(value, (int, float)) and math.isfinite(value)
-    return isinstance(value, str)
-
-
-_LATENCY_FIELDS = {
-    **dict.fromkeys(("median_ms", "p10_ms", "p90_ms", "min_ms", "mean_ms"), _NUM),
-    **dict.fromkeys(("repeats", "warmup", "batch_size", "threads"), _INT),
-    "device": _STR,
-    "torch_version": _STR,
-    "channels_last": _BOOL,
-}
-_STAGE_SCALARS = {**dict.fromkeys(("macs", "flops", "params", "buffers"), _INT), "ran_on": _STR}
-
-
-def _check_scalars(obj: Mapping[str, Any], fields: Mapping[str, str], where: str, problems: list[str]) -> None:
-    for key, kind in fields.items():
-        if key not in obj:
-            problems.append(f"{where}: missing '{key}'")
-        elif not _is(obj[key], kind):
-            problems.append(f"{where}.{key}: expected {kind}, got {obj[key]!r}")
-
-
-def _check_mapping(obj: Any, kind: str, where: str, problems: list[str]) -> None:
-    if not isinstance(obj, dict):
-        problems.append(f"{where}: expected an object, got {type(obj).__name__}")
-        return
-    problems.extend(f"{where}.{k}: expected {kind}, got {v!r}" for k, v in obj.items() if not _is(v, kind))
-
-
-def _check_deltas(obj: Any, where: str, problems: list[str]) -> None:
-    if not isinstance(obj, dict):
-        problems.append(f"{where}: expected an object, got {type(obj).__name__}")
-        return
-    for key, d in obj.items():
-        if not (isinstance(d, dict) and _is(d.get("abs"), _NUM) and (d.get("rel") is None or _is(d["rel"], _NUM))):
-            problems.append(f"{where}.{key}: expected {{'abs': number, 'rel': number|null}}, got {d!r}")
-
-
-def _check_stage(stage: Any, where: str, problems: list[str]) -> None:
-    if not isinstance(stage, dict):
-        problems.append(f"{where}: expected an object, got {type(stage).__name__}")
-        return
-    _check_scalars(stage, _STAGE_SCALARS, where, problems)
-    if "size_bytes" not in stage:
-        problems.append(f"{where}: missing 'size_bytes' (null when unknown)")
-    elif stage["size_bytes"] is not None and not _is(stage["size_bytes"], _INT):
-        problems.append(f"{where}.size_bytes: expected int or null, got {stage['size_bytes']!r}")
-    if _is(stage.get("macs"), _INT) and _is(stage.get("flops"), _INT) and stage["flops"] != 2 * stage["macs"]:
-        problems.append(f"{where}: flops ({stage['flops']}) must be 2 x macs ({stage['macs']})")
-    for key in ("per_module_macs", "per_op_macs"):
-        _check_mapping(stage.get(key), _INT, f"{where}.{key}", problems)
-    if not (isinstance(stage.get("uncounted_ops"), list) and all(_is(o, _STR) for o in stage["uncounted_ops"])):
-        problems.append(f"{where}.uncounted_ops: expected a list of op names")
-    if not isinstance(stage.get("input_shapes"), list):
-        problems.append(f"{where}.input_shapes: expected a list of shapes")
-    if "latency" not in stage:
-        problems.append(f"{where}: missing 'latency' (null when not timed)")
-    elif stage["latency"] is not None:
-        if isinstance(stage["latency"], dict):
-            _check_scalars(stage["latency"], _LATENCY_FIELDS, f"{where}.latency", problems)
-        else:
-            problems.append(f"{where}.latency: expected an object or null")
-    _check_mapping(stage.get("metrics"), _NUM, f"{where}.metrics", problems)
-    _check_deltas(stage.get("delta"), f"{where}.delta", problems)
-    _check_deltas(stage.get("metrics_delta"), f"{where}.metrics_delta", problems)
-
-
-def _list(report: Mapping[str, Any], key: str, problems: list[str]) -> list[tuple[int, dict[str, Any]]]:
-    """(index, object) pairs of list ``report[key]``; anything else is recorded as a problem and skipped."""
-    items = report.get(key)
-    if not isinstance(items, list):
-        problems.append(f"{key}: expected a list")
-        return []
-    problems.extend(f"{key}[{i}]: expected an object" for i, item in enumerate(items) if not isinstance(item, dict))
-    return [(i, item) for i, item in enumerate(items) if isinstance(item, dict)]
-
-
-def validate_report(report: Any) -> None:
-    """Raise ReportError listing every way ``report`` departs from the ``prunefx.report/1`` schema."""
+def validate_report(report: Any) -> Report:
+    """The report as :class:`Report`, or ReportError naming the first way ``report`` departs from the schema."""
     if not isinstance(report, dict):
         raise ReportError(f"a report is a JSON object, got {type(report).__name__}.")
-    problems: list[str] = []
-    if report.get("schema") != SCHEMA:
-        problems.append(f"schema: expected {SCHEMA!r}, got {report.get('schema')!r}")
-    _check_scalars(report, {"model": _STR, "created": _STR, "prunefx": _STR}, "report", problems)
-    for key in ("machine", "conventions", "settings"):
-        if not isinstance(report.get(key), dict):
-            problems.append(f"{key}: expected an object")
-    stages = report.get("stages")
-    if not isinstance(stages, dict):
-        problems.append("stages: expected an object")
-    else:
-        problems.extend(f"stages: missing '{s}'" for s in STAGES[:2] if s not in stages)
-        allowed = ", ".join(STAGES)
-        problems.extend(f"stages: unknown stage '{s}' (allowed: {allowed})" for s in stages if s not in STAGES)
-        for name, stage in stages.items():
-            _check_stage(stage, f"stages.{name}", problems)
-    for i, w in _list(report, "widths", problems):
-        _check_scalars(w, {"name": _STR, "before": _INT, "after": _INT}, f"widths[{i}]", problems)
-    for i, p in _list(report, "sweep", problems):
-        _check_scalars(p, {"ratio": _NUM, "macs": _INT, "flops": _INT, "params": _INT}, f"sweep[{i}]", problems)
-        _check_mapping(p.get("metrics"), _NUM, f"sweep[{i}].metrics", problems)
-    if problems:
-        raise ReportError("invalid report:\n  " + "\n  ".join(problems) + "\nRebuild it with build_report().")
+    try:
+        return Report.from_dict(report)
+    except ReportError as exc:
+        raise ReportError(f"invalid report: {exc}; rebuild it with build_report()") from exc
 
 
 # ---- files ------------------------------------------------------------------------------------------
@@ -317,7 +320,11 @@ def write_report(run_dir: str | os.PathLike[str], report: dict[str, Any]) -> lis
     out.mkdir(parents=True, exist_ok=True)
     files = {JSON_NAME: (json.dumps(report, indent=2, allow_nan=False) + "\n").encode()}
     if report["widths"]:
-        files["widths.png"] = widths_png(report["widths"])
+        target = (report.get("settings") or {}).get("target")
+        if isinstance(target, Mapping):
+            target = ", ".join(f"{k} {v}" for k, v in target.items())
+        title = f"{report['model']}" + (f", target: {target}" if target else "")
+        files["widths.png"] = widths_png(report["widths"], title)
     if plottable_metric(report["sweep"]) is not None:
         files["accuracy_vs_flops.png"] = accuracy_vs_flops_png(report["sweep"], report["stages"]["baseline"])
     files["report.md"] = render_markdown(report, plots=[n for n in files if n.endswith(".png")]).encode()
@@ -330,7 +337,6 @@ def write_report(run_dir: str | os.PathLike[str], report: dict[str, Any]) -> lis
 def load_report(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """Read and validate ``run_dir/report.json`` (as written by :func:`write_report`)."""
     path = Path(run_dir) / JSON_NAME
-    _check_finished(Path(run_dir))
     try:
         report = json.loads(path.read_text())
     except FileNotFoundError:
@@ -339,22 +345,3 @@ def load_report(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
         raise ReportError(f"{path} is not valid JSON ({exc}); re-run the pruning to regenerate it.") from exc
     validate_report(report)
     return report
-
-
-def _check_finished(run_dir: Path) -> None:
-    """A pipeline run (it has a state.json) counts only once its last stage finished."""
-    state_path = run_dir / "state.json"
-    if not state_path.is_file():
-        return
-    try:
-        state = json.loads(state_path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ReportError(f"{state_path} is corrupt ({exc}); the run cannot be trusted, re-run it") from exc
-    if state.get("status") != "complete":
-        err = state.get("error") or {}
-        detail = f"{err.get('type')}: {err.get('message', '')[:200]}"
-        where = f" in stage {err['stage']!r} ({detail})" if err.get("stage") else ""
-        raise ReportError(
-            f"the run in {run_dir} is not complete (status {state.get('status')!r}{where}); "
-            "continue it with the same config plus resume=true"
-        )

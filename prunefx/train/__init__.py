@@ -5,8 +5,16 @@
 """
 
 from prunefx.train.distributed import DistContext, DistributedError, init_from_env, spawn
-from prunefx.train.loop import FitResult, Metrics, SparsityConfig, TrainConfig, TrainError, evaluate, fit
-from prunefx.train.sparsity import BNSparsity, Schedule, TargetSparsity, fraction_below, residual_bns, sparsity_stats
+from prunefx.train.loop import FitResult, Metrics, TrainConfig, TrainError, evaluate, fit
+from prunefx.train.sparsity import (
+    BNSparsity,
+    Schedule,
+    SparsityConfig,
+    TargetSparsity,
+    fraction_below,
+    residual_bns,
+    sparsity_stats,
+)
 
 __all__ = ["BNSparsity", "DistContext", "DistributedError", "FitResult", "Metrics", "Schedule", "SparsityConfig",
            "TargetSparsity", "TrainConfig", "TrainError", "evaluate", "fit", "fraction_below", "init_from_env",

@@ -15,22 +15,22 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from prunefx._config import check_fields, field_names, from_dict, to_dict
 from prunefx._io import atomic_torch_save
 from prunefx.errors import PrunefxError
 from prunefx.train.distributed import LOCAL, DistContext
-from prunefx.train.sparsity import BNSparsity, TargetSparsity, sparsity_stats
+from prunefx.train.sparsity import BNSparsity, SparsityConfig, sparsity_stats
 
 TRAIN_FORMAT = "prunefx.trainstate/1"
-AUGMENTS = ("crop", "flip")
 
 
 class TrainError(PrunefxError):
@@ -43,95 +43,57 @@ class TrainConfig:
 
     epochs: int = 10
     batch: int = 64  # global batch: each of N ranks takes batch / N
-    optimizer: str = "sgd"  # sgd (momentum, nesterov) | adamw
+    optimizer: Literal["sgd", "adamw"] = "sgd"  # sgd: momentum, nesterov
     lr: float = 0.05
     momentum: float = 0.9
     weight_decay: float = 5e-4
-    schedule: str = "cosine"  # cosine | step | constant, after warmup_epochs of linear warm-up
+    schedule: Literal["cosine", "step", "constant"] = "cosine"  # after warmup_epochs of linear warm-up
     warmup_epochs: float = 0.0
     lr_steps: tuple[float, ...] = (0.5, 0.75)  # schedule=step: fractions of training where lr *= lr_gamma
     lr_gamma: float = 0.1
     label_smoothing: float = 0.0
-    augment: tuple[str, ...] = ("crop",)  # crop (pad + random crop) and/or flip (horizontal)
+    augment: tuple[Literal["crop", "flip"], ...] = ("crop",)  # crop (pad + random crop), flip (horizontal)
     crop_pad: int = 2
     grad_clip: float | None = None  # max gradient norm; the BN-sparsity term is added after the clip
     seed: int = 0
     eval_batch: int = 256
     workers: int = 0  # DataLoader workers for datasets read from disk
 
-    _KINDS = {"epochs": int, "batch": int, "optimizer": str, "lr": float, "momentum": float, "weight_decay": float,
-              "schedule": str, "warmup_epochs": float, "lr_steps": list, "lr_gamma": float, "label_smoothing": float,
-              "augment": list, "crop_pad": int, "grad_clip": (float, type(None)), "seed": int, "eval_batch": int,
-              "workers": int}
-
     def __post_init__(self) -> None:
-        checks = [(self.epochs >= 0, "epochs must be >= 0"), (self.batch >= 1, "batch must be >= 1"),
-                  (self.optimizer in ("sgd", "adamw"), f"optimizer must be sgd or adamw, got {self.optimizer!r}"),
-                  (self.lr > 0, "lr must be > 0"), (self.weight_decay >= 0, "weight_decay must be >= 0"),
-                  (self.schedule in ("cosine", "step", "constant"),
-                   f"schedule must be cosine, step or constant, got {self.schedule!r}"),
-                  (all(0 < s < 1 for s in self.lr_steps), "lr_steps must be fractions of training in (0, 1)"),
-                  (0 <= self.label_smoothing < 1, "label_smoothing must be in [0, 1)"),
-                  (all(a in AUGMENTS for a in self.augment), f"augment must be a list of {', '.join(AUGMENTS)}, "
-                                                             f"got {list(self.augment)}"),
-                  (self.crop_pad >= 0 and self.eval_batch >= 1 and self.workers >= 0 and self.warmup_epochs >= 0,
-                   "crop_pad, workers and warmup_epochs must be >= 0 and eval_batch >= 1"),
-                  (self.grad_clip is None or self.grad_clip > 0, "grad_clip must be > 0 or null")]
-        for ok, message in checks:
-            if not ok:
-                raise TrainError(message)
+        check_fields(self, error=TrainError)
+        problems = [
+            msg
+            for bad, msg in (
+                (self.epochs < 0, "epochs must be >= 0"),
+                (self.batch < 1, "batch must be >= 1"),
+                (self.lr <= 0, "lr must be > 0"),
+                (self.weight_decay < 0, "weight_decay must be >= 0"),
+                (not all(0 < s < 1 for s in self.lr_steps), "lr_steps must be fractions of training in (0, 1)"),
+                (not 0 <= self.label_smoothing < 1, "label_smoothing must be in [0, 1)"),
+                (min(self.crop_pad, self.workers, self.warmup_epochs) < 0 or self.eval_batch < 1,
+                 "crop_pad, workers and warmup_epochs must be >= 0 and eval_batch >= 1"),
+                (self.grad_clip is not None and self.grad_clip <= 0, "grad_clip must be > 0 or null"),
+            )
+            if bad
+        ]
+        if problems:
+            raise TrainError(problems[0])
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in fields(cls))
+        return field_names(cls)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str = "") -> TrainConfig:
-        """Type-checked construction from config keys (``1e-3`` strings and ints are accepted as numbers)."""
-        kw = {k: _coerce(v, cls._KINDS[k], f"{where}{k}") for k, v in d.items() if k in cls._KINDS}
-        for k in ("lr_steps", "augment"):
-            if k in kw:
-                kw[k] = tuple(kw[k])
-        return cls(**kw)
+        """Type-checked construction from config keys (see :func:`prunefx._config.from_dict`)."""
+        return from_dict(cls, d, where.rstrip("."), error=TrainError)
 
     def updated(self, overrides: Mapping[str, Any], where: str = "") -> TrainConfig:
         """This recipe with ``overrides`` (e.g. a fine-tuning block's ``lr``) applied and checked."""
         return TrainConfig.from_dict({**self.to_dict(), **overrides}, where)
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        return {**d, "lr_steps": list(self.lr_steps), "augment": list(self.augment)}
-
-
-def _coerce(value: Any, kind: type | tuple[type, ...], key: str) -> Any:
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    if isinstance(value, str) and float in kinds:
-        try:
-            value = float(value)  # YAML 1.1 reads 1e-3 as a string
-        except ValueError:
-            pass
-    if isinstance(value, int) and not isinstance(value, bool) and float in kinds:
-        value = float(value)
-    if isinstance(value, tuple) and list in kinds:
-        value = list(value)
-    if isinstance(value, str) and list in kinds:
-        value = [value]  # augment: crop
-    if isinstance(value, bool) or not isinstance(value, kinds):
-        names = " or ".join({"int": "an integer", "float": "a number", "str": "a string", "list": "a list",
-                             "NoneType": "null"}[k.__name__] for k in kinds)
-        raise TrainError(f"{key} must be {names}, got {value!r}")
-    return value
-
-
-@dataclass(frozen=True)
-class SparsityConfig:
-    """Network-slimming L1 on BatchNorm gammas during :func:`fit` (see :class:`prunefx.train.BNSparsity`)."""
-
-    s: float = 1e-4
-    target: float | None = None  # adapt s with TargetSparsity so this fraction of gammas ends below threshold
-    threshold: float = 1e-2
-    exclude: tuple[str, ...] = ()
-    select: float | None = None  # penalise only this fraction, the smallest gammas (see BNSparsity)
+        return to_dict(self)
 
 
 @dataclass(frozen=True)
@@ -262,12 +224,7 @@ def fit(model: nn.Module, train: Dataset, cfg: TrainConfig, *, val: Dataset | No
     drop_last = len(sampler) >= 2 * per_rank  # a lone tiny last batch makes BatchNorm statistics useless
     steps_per_epoch = len(sampler) // per_rank if drop_last else math.ceil(len(sampler) / per_rank)
     total, warmup = cfg.epochs * steps_per_epoch, int(cfg.warmup_epochs * steps_per_epoch)
-    reg = None
-    if sparsity is not None:
-        schedule = TargetSparsity(target=sparsity.target, total_steps=max(1, total), threshold=sparsity.threshold) \
-            if sparsity.target is not None else None
-        reg = BNSparsity(module, sparsity.s, exclude=sparsity.exclude, schedule=schedule,
-                         select=sparsity.select).attach(opt)
+    reg = sparsity.regularizer(module, total).attach(opt) if sparsity is not None else None
     history: list[dict[str, Any]] = []
     start = 0
     if checkpoint is not None:
@@ -411,11 +368,9 @@ def _first_line(exc: BaseException) -> str:
 
 
 __all__ = [
-    "AUGMENTS",
     "TRAIN_FORMAT",
     "FitResult",
     "Metrics",
-    "SparsityConfig",
     "TrainConfig",
     "TrainError",
     "augment_batch",

@@ -11,8 +11,8 @@ from __future__ import annotations
 import fnmatch
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import torch
 from torch import nn
@@ -20,11 +20,15 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.conv import _ConvNd
 from torch.utils.hooks import RemovableHandle
 
+from prunefx._config import check_fields
 from prunefx.analysis.roles import CHANNEL, IN, OUT, Kind
 from prunefx.errors import PrunefxError
 
 if TYPE_CHECKING:
     from prunefx.analysis.graph import DependencyGraph
+
+
+DEFAULT_S = 1e-4  # network slimming's strength (Liu et al. 2017, CIFAR); a target schedule starts from it
 
 
 class Schedule(Protocol):
@@ -47,6 +51,11 @@ class BNSparsity:
     names or fnmatch patterns to leave out, e.g. ``residual_bns(dg)`` or ``"model.22.*"``.
     ``s`` is the strength, or the starting strength when a ``schedule`` adapts it every step.
 
+    ``max_step``: the largest move ``lr * s`` one step may give a gamma (``lr`` read from the optimizer at every step):
+    ``s`` is lowered to ``max_step / lr`` when above it. A schedule then adapts ``s`` freely as the learning rate
+    decays, while a gamma at zero still oscillates by less than the pruning threshold. Default: a
+    :class:`TargetSparsity` schedule's own ``max_step``, else no bound.
+
     ``select``: penalise only that fraction of the gammas, the ones with the smallest |gamma| over all selected
     BatchNorms, re-chosen every step (exact ties broken by a fixed random order). Plain L1 shrinks every gamma;
     where the loss barely resists (a detector's gammas move in lockstep) they all fall together and the
@@ -61,19 +70,25 @@ class BNSparsity:
     def __init__(
         self,
         model: nn.Module,
-        s: float = 1e-4,
+        s: float = DEFAULT_S,
         *,
         modules: Iterable[str] | None = None,
         exclude: Iterable[str] = (),
         schedule: Schedule | None = None,
         select: float | None = None,
+        max_step: float | None = None,
     ) -> None:
         if select is not None and not 0 < select < 1:
             raise PrunefxError(f"BNSparsity select must be a fraction in (0, 1), got {select}")
+        if max_step is not None and not max_step > 0:
+            raise PrunefxError(f"BNSparsity max_step must be > 0 (or None), got {max_step}")
         self.modules = _select_bns(model, modules, exclude)
         self.gammas = [bn.weight for bn in self.modules.values() if bn.weight.requires_grad]
         self.schedule = schedule
         self.select = select
+        if max_step is None and isinstance(schedule, TargetSparsity):
+            max_step = schedule.max_step
+        self.max_step = max_step
         n = sum(g.numel() for g in self.gammas)
         # A fixed random order breaks exact ties (all gammas are 1.0 at initialisation): by index it would
         # select whole early layers, which then stay the smallest.
@@ -100,17 +115,22 @@ class BNSparsity:
 
     def state_dict(self) -> dict[str, Any]:
         """What resuming needs: the current strength, the step count and an adaptive schedule's memory."""
-        return {"s": self._s, "steps": self.steps, "schedule": getattr(self.schedule, "_last", None)}
+        memory = self.schedule.state_dict() if isinstance(self.schedule, TargetSparsity) else None
+        return {"s": self._s, "steps": self.steps, "schedule": memory}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._s, self.steps = float(state["s"]), int(state["steps"])
         if isinstance(self.schedule, TargetSparsity):
-            self.schedule._last = state.get("schedule")
+            self.schedule.load_state_dict(state.get("schedule"))
 
     def _pre_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         with torch.no_grad():
             if self.schedule is not None:
                 self._s = float(self.schedule(self.steps, self._s, self.gammas))
+            if self.max_step is not None and self.gammas:
+                lr = _lr_of(optimizer, self.gammas[0])
+                if lr > 0:  # stored clamped: a schedule never winds s up past what the step may use
+                    self._s = min(self._s, self.max_step / lr)
             for g in self.gammas:
                 # A gamma without a gradient this step (unused branch) is still pulled towards zero.
                 if g.grad is None:
@@ -143,14 +163,20 @@ class TargetSparsity:
     term moves gammas at a speed that grows with ``s``, so ``s`` steers q's speed in log space: every
     ``every`` steps the measured v = -dlog(q)/dt is compared with the v* that lands q on ``threshold`` at
     ``reach * total_steps`` (and then holds it there), and ``s`` is multiplied by
-    ``exp(gain * (v* - v) / (|v*| + |v|))``. Steering speed rather than q avoids winding ``s`` up through
-    the lag between ``s`` and the gammas; log space gives the last decade above the threshold, where
-    channels separate into kept and dead, as much time as the first, where they all shrink together.
+    ``exp(gain * (v* - v) / max(|v*| + |v|, v0))``, v0 being the speed planned at the first measurement.
+    ``every`` defaults to about 50 measurements per run (at most one per 10 steps), so a run of a hundred
+    steps still has the measurements it needs to ramp ``s`` up from a small start.
+    Steering speed rather than q avoids winding ``s`` up through the lag between ``s`` and the gammas; log
+    space gives the last decade above the threshold, where channels separate into kept and dead, as much
+    time as the first, where they all shrink together; v0 keeps the noise of a held q (both speeds near 0)
+    from swinging ``s`` by the full gain.
 
-    ``s_max`` bounds the strength because a gamma at zero oscillates around it with amplitude about
-    1.5 * lr * s under SGD with momentum 0.9: keep ``s_max * lr`` well below ``threshold`` (the default
-    suits lr <= 0.1). ``relative``: threshold is a fraction of each layer's largest |gamma|. Holds the last
-    measured q, so use one instance per training run.
+    What bounds ``s`` is the step it causes, not ``s`` itself: a gamma at zero oscillates around it with
+    amplitude about 1.5 * lr * s under SGD with momentum 0.9, so ``max_step`` (default ``threshold / 3``)
+    bounds lr * s, applied by :class:`BNSparsity` with the optimizer's current lr, and ``s`` may grow as the
+    learning rate decays. A bound on ``s`` alone (``s_max``, default none) stalls short runs whose lr decays:
+    q never reaches the threshold. ``relative``: threshold is a fraction of each layer's largest |gamma|.
+    Holds the last measured q, so use one instance per training run.
 
     >>> TargetSparsity(target=0.5, total_steps=epochs * len(loader))
     """
@@ -161,14 +187,20 @@ class TargetSparsity:
     relative: bool = False
     reach: float = 0.8
     gain: float = 1.0
-    every: int = 10
+    every: int | None = None
     s_min: float = 1e-6
-    s_max: float = 3e-2
+    s_max: float | None = None
+    max_step: float | None = None  # the largest lr * s (default threshold / 3; BNSparsity applies it)
     _last: float | None = field(default=None, init=False, repr=False)
+    _v0: float | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not 0 < self.target < 1:
             raise PrunefxError(f"TargetSparsity target must be in (0, 1), got {self.target}")
+        if self.max_step is None:  # a gamma at zero then oscillates by about half the threshold
+            self.max_step = self.threshold / 3
+        if self.every is None:  # about 50 measurements per run, at most one per 10 steps
+            self.every = max(1, min(10, round(self.total_steps / 50)))
         if self.total_steps < 1 or self.every < 1 or self.threshold <= 0:
             raise PrunefxError("TargetSparsity total_steps, every and threshold must be positive")
 
@@ -177,12 +209,74 @@ class TargetSparsity:
             return s
         q = math.log(max(_quantile(gammas, self.target, self.relative), 1e-12))
         last, self._last = self._last, q
+        distance = q - math.log(self.threshold)  # log distance of q above the threshold
+        if self._v0 is None:
+            self._v0 = max(abs(distance), 1.0) / max(self.every, self.reach * self.total_steps - step)
         if last is None:
             return s
         v = (last - q) / self.every
-        wanted = (q - math.log(self.threshold)) / max(self.every, self.reach * self.total_steps - step)
-        err = (wanted - v) / max(abs(wanted) + abs(v), 1e-12)
-        return min(self.s_max, max(self.s_min, s * math.exp(self.gain * err)))
+        wanted = distance / max(self.every, self.reach * self.total_steps - step)
+        err = (wanted - v) / max(abs(wanted) + abs(v), self._v0)
+        s = max(self.s_min, s * math.exp(self.gain * err))
+        return s if self.s_max is None else min(self.s_max, s)
+
+    def state_dict(self) -> dict[str, float | None]:
+        """The controller's memory (last measured log-quantile, planned speed), for resuming mid-run."""
+        return {"last": self._last, "v0": self._v0}
+
+    def load_state_dict(self, state: dict[str, float | None] | float | None) -> None:
+        if not isinstance(state, dict):  # checkpoints before v0 stored the last log-quantile alone
+            state = {"last": state, "v0": None}
+        self._last, self._v0 = state.get("last"), state.get("v0")
+
+
+@dataclass(frozen=True)
+class SparsityConfig:
+    """Network-slimming sparsity as one setting: strength, how it adapts, which BatchNorms it leaves alone.
+
+    The one declaration behind :func:`prunefx.train.fit`, the ultralytics hooks and every pipeline's
+    ``prune.sparsity`` block; :meth:`regularizer` builds the :class:`BNSparsity` they attach.
+    """
+
+    s: float = DEFAULT_S  # L1 strength; with schedule=target the strength it starts from
+    schedule: Literal["constant", "target"] = "constant"  # target: TargetSparsity adapts s
+    target: float = 0.5  # schedule=target / selective: the fraction of gammas driven below threshold
+    threshold: float = 1e-2
+    s_max: float | None = None  # schedule=target: a cap on s (the step lr * s is capped at threshold / 3 anyway)
+    selective: bool = False  # penalise only the `target` fraction with the smallest |gamma| (BNSparsity select)
+    exclude_residual: bool = False  # leave BatchNorms whose channels feed residual adds unpenalised
+    exclude: tuple[str, ...] = ()  # names or fnmatch patterns of BatchNorms left unpenalised
+
+    def __post_init__(self) -> None:
+        check_fields(self, error=PrunefxError)
+        if self.s < 0:
+            raise PrunefxError(f"sparsity s must be >= 0, got {self.s}")
+        if not 0 < self.target < 1:
+            raise PrunefxError(f"sparsity target must be in (0, 1) (a fraction of the gammas), got {self.target}")
+        if self.threshold <= 0:
+            raise PrunefxError(f"sparsity threshold must be > 0, got {self.threshold}")
+        if self.s_max is not None and self.s_max <= 0:
+            raise PrunefxError(f"sparsity s_max must be > 0 or null, got {self.s_max}")
+
+    def resolved(self, model: nn.Module, example_inputs: Sequence[Any]) -> SparsityConfig:
+        """This config with ``exclude_residual`` turned into names (it needs the model's channel analysis)."""
+        if not self.exclude_residual:
+            return self
+        from prunefx.analysis import analyze
+
+        names = residual_bns(analyze(model, tuple(example_inputs)))
+        return replace(self, exclude=(*self.exclude, *names), exclude_residual=False)
+
+    def regularizer(self, model: nn.Module, total_steps: int) -> BNSparsity:
+        """The :class:`BNSparsity` for a run of ``total_steps`` optimizer steps (attach it to the optimizer)."""
+        if self.exclude_residual:
+            raise PrunefxError("sparsity exclude_residual needs the model's analysis: use config.resolved(model, x)")
+        schedule = None
+        if self.schedule == "target":
+            schedule = TargetSparsity(target=self.target, threshold=self.threshold, s_max=self.s_max,
+                                      total_steps=max(1, total_steps))
+        return BNSparsity(model, self.s, exclude=self.exclude, schedule=schedule,
+                          select=self.target if self.selective else None)
 
 
 def fraction_below(gammas: Sequence[torch.Tensor], threshold: float, *, relative: bool = False) -> float:
@@ -266,6 +360,14 @@ def residual_bns(dg: DependencyGraph) -> list[str]:
                 m.name for m in mods if m.role == CHANNEL and isinstance(dg.gm.get_submodule(m.name), _BatchNorm)
             ]
     return list(dict.fromkeys(names))
+
+
+def _lr_of(optimizer: torch.optim.Optimizer, param: torch.Tensor) -> float:
+    """The learning rate of the parameter group holding ``param`` (the first group's if none does)."""
+    for group in optimizer.param_groups:
+        if any(p is param for p in group["params"]):
+            return float(group["lr"])
+    return float(optimizer.param_groups[0]["lr"])
 
 
 def _is_affine_bn(m: nn.Module) -> bool:

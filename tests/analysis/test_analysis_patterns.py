@@ -321,21 +321,29 @@ def test_uneven_pieces_every_allowed_count_reproduces_the_pieces(how, width):
 
     model = Consumers()
     dg = analyze(model, torch.randn(X4))
-    pieces = [the_group(dg, f"heads.{k}", "in") for k in range(len(model.heads))]
-    if not any(g.prunable for g in pieces):  # frozen is safe, but only with the reason said
-        assert all(any("uneven pieces" in r for r in g.reasons) for g in pieces)
+    heads = [f"heads.{k}" for k in range(len(model.heads))]
+    groups = sorted({g.id for h in heads for g in dg.groups_of(h, "in")})
+    if not any(dg.groups[g].prunable for g in groups):  # frozen is safe, but only with the reason said
+        assert all(any("uneven pieces" in r for r in dg.groups[g].reasons) for g in groups)
         return
-    choices = [range(1, g.channels + 1) if g.prunable else [g.channels] for g in pieces]
+    choices = [range(1, dg.groups[g].channels + 1) if dg.groups[g].prunable else [dg.groups[g].channels]
+               for g in groups]
     bad = []
     for counts in itertools.product(*choices):
-        if any(len({counts[pieces.index(g)] for g in pieces if g.id in ids}) > 1 for ids, _ in dg.ties):
+        kept = dict(zip(groups, counts, strict=True))
+        if any(len({kept[g] for g in ids if g in kept}) > 1 for ids, _ in dg.ties):
             continue  # violates an equal-count tie
-        total = sum(counts)
-        t = torch.empty(1, total)
-        got = [p.shape[1] for p in (t.chunk(3, 1) if how == "chunk" else t.split(counts[0], 1))]
-        if got != list(counts):
-            bad.append((counts, got))
+        widths = [sum(kept[g.id] * len(m.index) // g.channels for g in dg.groups_of(h, "in")
+                      for m in g.members if m.kind == "module" and m.name == h and m.role == "in") for h in heads]
+        t = torch.empty(1, sum(widths))
+        got = [p.shape[1] for p in (t.chunk(3, 1) if how == "chunk" else t.split(widths[0], 1))]
+        if got != widths:
+            bad.append((widths, got))
     assert bad == []
+    if how == "chunk":  # 8 -> (3, 3, 2): the first 2 positions of every piece prune together, 2 stay
+        shared = [g for g in groups if dg.groups[g].prunable]
+        assert [dg.groups[g].channels for g in shared] == [2]
+        assert sum(dg.groups[g].channels for g in groups if not dg.groups[g].prunable) == 2
 
 
 # ---- grouped and depthwise convolutions ------------------------------------------------------------------
@@ -1065,3 +1073,13 @@ def test_analyze_does_not_mutate_a_deep_copy_equal_model():
     prunefx.analyze(model, torch.randn(X4))
     x = torch.randn(X4)
     torch.testing.assert_close(model(x), twin(x))
+
+
+def test_lazy_modules_are_initialised_by_one_forward_before_tracing():
+    model = nn.Sequential(nn.LazyConv2d(8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(), nn.LazyLinear(4))
+    x = torch.randn(2, 3, 8, 8)
+    gm = prunefx.trace(model, (x,))
+    assert model[0].weight.shape == (8, 3, 3, 3) and model[4].weight.shape == (4, 8 * 6 * 6)
+    torch.testing.assert_close(gm.eval()(x), model.eval()(x))
+    with pytest.raises(TraceFailure, match="lazy parameter"):
+        prunefx.trace(nn.Sequential(nn.LazyLinear(2)))

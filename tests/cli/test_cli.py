@@ -55,7 +55,7 @@ def invoke(*args: str, columns: int = 160):
 
 def test_console_script_is_main() -> None:
     (script,) = [e for e in importlib.metadata.entry_points(group="console_scripts") if e.name == "prunefx"]
-    assert script.value == "cli.main:main"
+    assert script.value == "prunefx.cli.main:main"
 
 
 @pytest.mark.parametrize("command", ["analyze", "flops", "report"])
@@ -216,9 +216,9 @@ BAD = {
     "unknown model": (["torchvision:resnet1"], r"unknown torchvision model 'resnet1'.*Did you mean resnet18"),
     "unknown yaml": (["ultralytics:yolov8q.yaml"], r"unknown ultralytics model yaml"),
     "missing file": (["missing.pt"], r"checkpoint 'missing.pt' does not exist"),
-    "corrupt file": (["corrupt.pt"], r"cannot load checkpoint 'corrupt.pt'"),
+    "corrupt file": (["corrupt.pt"], r"cannot load checkpoint corrupt.pt: it is not a torch.save archive"),
     "odd yolo imgsz": ([*YOLO[:2], "100"], r"multiple of 32 for YOLO models, got 100"),
-    "tiny imgsz": ([*RESNET[:2], "16"], r"imgsz must be at least 32, got 16"),
+    "zero imgsz": ([*RESNET[:2], "0"], r"imgsz must be a positive integer, got 0"),
     "not a spec": (["resnet18"], r"cannot read model SPEC 'resnet18'"),
 }
 

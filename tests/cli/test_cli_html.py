@@ -54,5 +54,6 @@ def test_prune_spec_writes_report_html_and_report_redraws_it(tmp_path: Path) -> 
     result = runner.invoke(app, ["report", str(run), "--html"])
     assert result.exit_code == 0, result.output
     assert page_data(run / "report.html") == data
-    assert sorted(p.name for p in run.iterdir()) == ["graph.json", "plan.json", "pruned.pt", "report.html",
-                                                      "report.json", "report.md", "widths.png"]
+    assert sorted(p.name for p in run.iterdir()) == [".lock", "config.yaml", "graph.json", "plan.json", "pruned.pt",
+                                                      "report.html", "report.json", "report.md", "state.json",
+                                                      "widths.png"]

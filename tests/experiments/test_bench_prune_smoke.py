@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from experiments import _table as table
+
 ROOT = Path(__file__).resolve().parents[2]
 HAS_TP = importlib.util.find_spec("torch_pruning") is not None
 PFX_TIMES = ("pfx_analyze_s", "pfx_score_plan_s", "pfx_apply_s", "pfx_spa_s", "pfx_total_s")
@@ -117,7 +119,7 @@ def test_report_from_synthetic_rows(tmp_path):
     assert "prunefx failed on: b (error: PlanError)" in lines
     assert "Torch-Pruning failed on: b (timeout)" in lines
     assert "Torch-Pruning's pruned model does not run: a (error: RuntimeError)" in lines
-    bench_prune.write_csv(rows, tmp_path / "x.csv")
+    table.write_csv(rows, tmp_path / "x.csv", bench_prune.CSV_FIELDS, digits=4)
     bench_prune.write_md(rows, {"date": "today"}, tmp_path / "x.md")
     got = list(csv.DictReader((tmp_path / "x.csv").open()))
     assert got[1]["tp_status"] == "timeout" and got[1]["tp_step_s"] == ""

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from experiments import _table as table
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "experiments" / "bench_analysis.py"
 HAS_TP = importlib.util.find_spec("torch_pruning") is not None
@@ -80,7 +82,7 @@ def test_summary_and_files_from_synthetic_rows(tmp_path):
     assert "tp_real failed on 1 models: b (error: ZeroDivisionError)" in lines
     assert "tp_meta failed on 1 models: a (timeout)" in lines
     assert any(line.startswith("tp_real / prunefx on 1 models: geometric mean 4.00x") for line in lines)
-    bench.write_csv(rows, tmp_path / "x.csv")
+    table.write_csv(rows, tmp_path / "x.csv", bench.CSV_FIELDS, digits=4)
     bench.write_md(rows, {"date": "today"}, tmp_path / "x.md")
     got = list(csv.DictReader((tmp_path / "x.csv").open()))
     assert got[0]["tp_meta_status"] == "timeout" and got[0]["tp_meta_s"] == ""

@@ -12,9 +12,10 @@ import torch
 
 import prunefx
 from prunefx.pipeline import ConfigError, load_config, run_config
-from prunefx.pipeline import classify as C
-from prunefx.pipeline.classify import ClassifyJob, run_classify
-from prunefx.pipeline.classify_model import classifier_factory, is_classifier_spec
+from prunefx.pipeline import runner as R
+from prunefx.pipeline.backends import classify as C
+from prunefx.pipeline.backends.classify import ClassifyJob, run_classify
+from prunefx.pipeline.classify_model import arch_signature, classifier_factory, is_classifier_spec, read_state_dict
 from prunefx.report import load_report
 from prunefx.train.distributed import DistributedError
 
@@ -43,7 +44,7 @@ def finished(tmp_path_factory):
 def test_every_stage_runs_and_the_report_shows_the_target_and_accuracies(finished):
     root = finished.root
     state = _state(root)
-    assert state["status"] == "complete" and list(state["stages"]) == list(C.STAGES)
+    assert state["status"] == "complete" and list(state["stages"]) == list(R.STAGES)
     report = load_report(root)
     stages = report["stages"]
     kept = stages["pruned"]["macs"] / stages["baseline"]["macs"]
@@ -86,7 +87,7 @@ def test_resume_after_an_interruption_continues_without_redoing_finished_stages(
     def boom(ctx, info):
         raise RuntimeError("power cut during fine-tuning")
 
-    monkeypatch.setattr(C, "_finetune", boom)
+    monkeypatch.setattr(R, "_finetune", boom)
     with pytest.raises(RuntimeError, match="power cut"):
         run_classify(_job(tmp_path, "name=r"), log=lambda _: None)
     root = tmp_path / "r"
@@ -100,7 +101,7 @@ def test_resume_after_an_interruption_continues_without_redoing_finished_stages(
         raise AssertionError("a finished stage ran again")
 
     for name in ("_baseline", "_sparsity", "_prune"):
-        monkeypatch.setattr(C, name, must_not_run)
+        monkeypatch.setattr(R, name, must_not_run)
     run = run_classify(_job(tmp_path, "name=r", "resume=true"), log=lambda _: None)
     assert run.root == root and run.is_complete
     after = _state(root)
@@ -120,7 +121,7 @@ def test_ddp_finetune_on_two_gloo_processes(tmp_path):
     job = _job(tmp_path)
     pruned = prunefx.load(run.root / "weights" / "pruned.pt", job.factory())
     assert [r["rank"] for r in ft["ranks"]] == [0, 1]
-    assert ft["ranks"][0]["arch"] == ft["ranks"][1]["arch"] == C._digest(C.arch_signature(pruned))
+    assert ft["ranks"][0]["arch"] == ft["ranks"][1]["arch"] == C._digest(arch_signature(pruned))
     assert ft["ranks"][0]["params"] == sum(p.numel() for p in pruned.parameters())
     assert ft["ranks"][0]["params"] < sum(p.numel() for p in job.factory()().parameters())
     # Each rank saw its own half of the data: finite losses that fall over the epochs in both ranks.
@@ -153,7 +154,7 @@ def test_a_failing_rank_is_a_clear_error_not_a_hang(tmp_path):
     ("model=prunefx.zoo:bn_cnnn", r"has no 'bn_cnnn' \(did you mean bn_cnn"),
     ("prune.finetune.lr=fast", r"prune.finetune.lr must be a number"),
     ("prune.finetune.epoch=3", r"unknown key in prune.finetune: 'epoch' \(did you mean 'epochs'"),
-    ("optimizer=adam", r"optimizer must be sgd or adamw"),
+    ("optimizer=adam", r"optimizer must be one of 'sgd', 'adamw'"),
     ("nproc=0", r"nproc must be a positive integer"),
     ("task=detect", r"task is 'detect'"),
 ])
@@ -225,7 +226,7 @@ def test_torchrun_launches_the_same_pipeline_in_two_ranks(tmp_path):
     import subprocess
 
     torchrun = shutil.which("torchrun") or pytest.skip("torchrun not on PATH")
-    cmd = [torchrun, "--nproc_per_node", "2", "-m", "prunefx.pipeline.classify", str(CONFIG), *TINY,
+    cmd = [torchrun, "--nproc_per_node", "2", "-m", "prunefx.pipeline", str(CONFIG), *TINY,
            f"project={tmp_path}", "name=tr", "device=cpu"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=Path(__file__).resolve().parents[1])
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -241,9 +242,17 @@ def test_sparsity_from_scratch_starts_from_the_baselines_initial_weights(tmp_pat
     common = [*TINY, f"project={tmp_path}", "prune.sparsity.epochs=4", "prune.sparsity.start=scratch",
               "prune.finetune.epochs=0"]
     run_config(CONFIG, [*common, "prune.sparsity.s=0", "name=s0"], log=lambda _: None)
-    base = C.read_state_dict(tmp_path / "s0/weights/baseline.pt")
-    sparse = C.read_state_dict(tmp_path / "s0/weights/sparse.pt")
+    base = read_state_dict(tmp_path / "s0/weights/baseline.pt")
+    sparse = read_state_dict(tmp_path / "s0/weights/sparse.pt")
     assert base.keys() == sparse.keys() and all(torch.equal(base[k], sparse[k]) for k in base)
     # With the target schedule the same stage drives gammas to zero (TargetSparsity aims at half of them).
     run_config(CONFIG, [*common, "batch=16", "prune.sparsity.schedule=target", "name=target"], log=lambda _: None)
     assert _state(tmp_path / "target")["stages"]["sparsity"]["gammas"]["below_0.01"] >= 0.3
+
+
+def test_sparsity_s_max_is_honoured(tmp_path):
+    # Regression: prune.sparsity.s_max was validated but ignored here (a second SparsityConfig without it).
+    run = run_classify(_job(tmp_path, "name=smax", "prune.sparsity.schedule=target", "prune.sparsity.s=1e-3",
+                            "prune.sparsity.s_max=2e-3", "prune.finetune.epochs=0"), log=lambda _: None)
+    strengths = [row["sparsity_s"] for row in _state(run.root)["stages"]["sparsity"]["history"]]
+    assert max(strengths) == pytest.approx(2e-3)  # the controller wanted more (no gamma near 0 yet): capped

@@ -7,8 +7,8 @@ import pytest
 import yaml
 
 from prunefx.pipeline import ConfigError, PruneSpec, apply_overrides, is_config, load_config
+from prunefx.pipeline.backends.yolo import YoloJob, ultralytics_keys
 from prunefx.pipeline.rundir import RunDir, RunError
-from prunefx.pipeline.yolo import YoloJob, ultralytics_keys
 
 REPO = Path(__file__).resolve().parents[2]
 YOLO_CONFIG = REPO / "configs" / "yolo.yaml"
@@ -20,14 +20,15 @@ def test_overrides_reach_into_blocks_and_parse_values() -> None:
                            "data=null"])
     assert cfg["epochs"] == 3 and cfg["prune"]["round_to"] == 8 and cfg["prune"]["ignore"] == ["model.22.*"]
     assert cfg["prune"]["sparsity"] == {"s": "1e-4"} and cfg["data"] is None  # YAML 1.1 reads 1e-4 as a string
-    assert PruneSpec.parse(cfg["prune"], train_keys=()).sparsity.s == 1e-4  # ... which the spec accepts as a number
+    # ... which the spec accepts as a number
+    assert PruneSpec.parse(cfg["prune"], train_keys=()).sparsity.config.s == 1e-4
 
 
 def test_a_target_override_replaces_the_other_target_keys() -> None:
     cfg = apply_overrides({"prune": {"target": {"ratio": 0.3}}}, ["prune.target.flops=0.4"])
     assert cfg["prune"]["target"] == {"flops": 0.4}
     spec = PruneSpec.parse(cfg["prune"], train_keys=())
-    assert spec.target == {"flops": 0.4} and spec.plan_config().flops == 0.4
+    assert spec.target == {"flops": 0.4} and spec.plan.flops == 0.4
 
 
 @pytest.mark.parametrize("bad", ["epochs", "=3", "a..b=1", "prune.target.flops=[1"])
@@ -51,10 +52,10 @@ def test_override_into_a_scalar_is_an_error() -> None:
         ({"target": {"flops": 0.5, "ratio": 0.2}}, "exactly one of ratio, flops, params"),
         ({"target": {"flop": 0.5}}, r"did you mean 'flops'"),
         ({"target": {"flops": "half"}}, "must be a number"),
-        ({"round_to": 0}, "round_to must be >= 1"),
+        ({"round_to": 0}, "round_to must be an integer >= 1"),
         ({"sparsity": {"epochs": -1}}, "epochs must be >= 0"),
-        ({"sparsity": {"schedule": "cosine"}}, "'constant' or 'target'"),
-        ({"sparsity": {"start": "pretrained"}}, "'baseline' or 'scratch'"),
+        ({"sparsity": {"schedule": "cosine"}}, "schedule must be one of 'constant', 'target'"),
+        ({"sparsity": {"start": "pretrained"}}, "start must be one of 'baseline', 'scratch'"),
         ({"sparsity": {"epoch": 3}}, r"did you mean 'epochs'"),
         ({"finetune": {"lr00": 0.1}}, r"did you mean 'lr0'"),
         ({"verify": "yes"}, "must be true/false"),
@@ -68,7 +69,8 @@ def test_prune_block_errors_name_the_key_and_the_fix(block: dict, message: str) 
 def test_prune_spec_round_trip() -> None:
     spec = PruneSpec.parse({"target": 0.4, "round_to": 8, "sparsity": {"epochs": 2, "s": 1e-3, "lr0": 0.02},
                             "finetune": {"epochs": 5, "lr0": 0.001}}, train_keys={"lr0"})
-    assert spec.flops == 0.4 and spec.sparsity.overrides == {"lr0": 0.02} and spec.finetune.overrides == {"lr0": 0.001}
+    assert spec.plan.flops == 0.4 and spec.plan.round_to == 8 and spec.sparsity.config.s == 1e-3
+    assert spec.sparsity.overrides == {"lr0": 0.02} and spec.finetune.overrides == {"lr0": 0.001}
     again = PruneSpec.parse(spec.to_dict(), train_keys={"lr0"})
     assert again == spec
 
@@ -105,7 +107,7 @@ def test_bad_yolo_configs_fail_before_any_work(overrides: list[str], message: st
 def test_corrupt_checkpoint_is_an_error(tmp_path: Path) -> None:
     bad = tmp_path / "best.pt"
     bad.write_bytes(b"not a checkpoint")
-    with pytest.raises(ConfigError, match=r"cannot load .*best.pt as an ultralytics checkpoint"):
+    with pytest.raises(ConfigError, match=r"cannot load checkpoint .*best.pt: it is not a torch.save archive"):
         YoloJob.from_config(load_config(YOLO_CONFIG, [f"model={bad}", f"project={tmp_path}"]))
     assert bad.read_bytes() == b"not a checkpoint"  # what the user gave is untouched
 
@@ -182,14 +184,19 @@ def test_interrupt_is_recorded(tmp_path: Path) -> None:
 
 
 def test_report_of_an_unfinished_run_is_refused(tmp_path: Path) -> None:
-    from prunefx.report import ReportError, load_report
+    from typer.testing import CliRunner
+
+    from prunefx.cli.main import app
+    from prunefx.pipeline.rundir import check_finished
 
     run = RunDir.open(tmp_path, "r", {})
     (run.root / "report.json").write_text("{}")  # e.g. written just before a crash
     with pytest.raises(RunError), run.stage("report"):
         raise RunError("disk full")
-    with pytest.raises(ReportError, match=r"not complete \(status 'failed' in stage 'report' \(RunError: disk full"):
-        load_report(run.root)
+    with pytest.raises(RunError, match=r"not complete \(status 'failed' in stage 'report' \(RunError: disk full"):
+        check_finished(run.root)
+    result = CliRunner().invoke(app, ["report", str(run.root)])
+    assert result.exit_code == 2 and "is not complete" in result.output.replace("\n", "")
 
 
 def test_cli_writes_the_embedded_dataset(tmp_path: Path) -> None:

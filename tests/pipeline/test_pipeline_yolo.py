@@ -51,8 +51,8 @@ def _shapes(path: Path) -> dict[str, tuple[int, ...]]:
 
 @pytest.mark.slow
 def test_every_stage_from_the_model_yaml(tmp_path: Path) -> None:
-    result = _prune(*TINY, "epochs=1", "prune.sparsity.epochs=1", "prune.sparsity.s=2e-3", "prune.finetune.epochs=1",
-                    f"project={tmp_path}", "name=e2e")
+    result = _prune(*TINY, "epochs=1", "prune.sparsity.epochs=1", "prune.sparsity.s=2e-3",
+                    "prune.sparsity.schedule=constant", "prune.finetune.epochs=1", f"project={tmp_path}", "name=e2e")
     assert result.exit_code == 0, result.output
     run = tmp_path / "e2e"
     assert f"report: {run / 'report.md'}" in result.output.replace("\n", "")
@@ -60,6 +60,10 @@ def test_every_stage_from_the_model_yaml(tmp_path: Path) -> None:
               "widths.png",
               "weights/baseline.pt", "weights/sparse.pt", "weights/pruned.pt", "weights/best.pt", "weights/last.pt"):
         assert (run / f).is_file(), f
+    for name, trained in (("baseline", "baseline/weights/best"), ("sparse", "sparsity/weights/last"),
+                          ("best", "finetune/weights/best"), ("last", "finetune/weights/last")):
+        # the trainer's own file under a second name, not a second copy of its bytes (issue 12, item 9)
+        assert (run / f"weights/{name}.pt").samefile(run / f"train/{trained}.pt"), name
     state = json.loads((run / "state.json").read_text())
     assert state["status"] == "complete" and list(state["stages"]) == [
         "baseline",
@@ -69,7 +73,7 @@ def test_every_stage_from_the_model_yaml(tmp_path: Path) -> None:
         "report",
     ]
     # Logged by the hook only once BNSparsity is attached to the trainer's optimizer: the penalty really ran.
-    assert state["stages"]["sparsity"]["gammas"][0]["s"] == pytest.approx(2e-3)
+    assert state["stages"]["sparsity"]["history"][0]["s"] == pytest.approx(2e-3)
 
     report = load_report(run)
     validate_report(report)
@@ -129,6 +133,7 @@ def test_sparsity_from_scratch_retraces_the_baseline_when_the_penalty_is_zero(tm
         "prune.sparsity.epochs=1",
         "prune.sparsity.start=scratch",
         "prune.sparsity.s=0",
+        "prune.sparsity.schedule=constant",
         "prune.finetune.epochs=0",
         "prune.latency=false",
         f"project={tmp_path}",
@@ -142,10 +147,21 @@ def test_sparsity_from_scratch_retraces_the_baseline_when_the_penalty_is_zero(tm
 
 
 @pytest.mark.slow
+def test_the_shipped_recipe_reaches_its_sparsity_target(tmp_path: Path) -> None:
+    # configs/yolo.yaml's sparsity as shipped (from scratch, TargetSparsity, selective) on a small set: 64 steps.
+    result = _prune("imgsz=64", "batch=8", "nbs=8", "prune.data.n_train=64", "prune.data.n_val=16",
+                    "prune.data.imgsz=64", "epochs=1", "prune.sparsity.epochs=8", "prune.finetune.epochs=0",
+                    "prune.latency=false", f"project={tmp_path}", "name=target")
+    assert result.exit_code == 0, result.output
+    sparsity = json.loads((tmp_path / "target/state.json").read_text())["stages"]["sparsity"]
+    assert sparsity["gammas"]["below_0.01"] == pytest.approx(0.5, abs=0.1)
+
+
+@pytest.mark.slow
 def test_interrupted_run_resumes_after_the_last_finished_stage(
     tmp_path: Path, checkpoint: Path, data_yaml: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import prunefx.pipeline.yolo as pipeline
+    import prunefx.pipeline.runner as pipeline
 
     args = [
         *TINY,
@@ -207,10 +223,9 @@ def test_bad_inputs_exit_2_without_a_finished_looking_run(tmp_path: Path, checkp
         result = _prune(*base, *extra, "name=bad")
         assert result.exit_code == 2 and message in result.output.replace("\n", ""), result.output
     assert not (tmp_path / "bad").exists()
-    met = _prune(*base, "prune.target.flops=1.0", "name=met")  # target already met: found after the baseline stage
-    assert met.exit_code == 2 and "already met" in met.output.replace("\n", ""), met.output
-    assert json.loads((tmp_path / "met/state.json").read_text())["status"] == "failed"
-    assert not (tmp_path / "met/report.json").exists()
+    met = _prune(*base, "prune.target.flops=1.0", "name=met")  # keeps everything: refused before any work
+    assert met.exit_code == 2 and "keeps the whole model" in met.output.replace("\n", ""), met.output
+    assert not (tmp_path / "met").exists()
     wrong_nc = tmp_path / "wrong.yaml"
     wrong_nc.write_text(data_yaml.read_text().replace("3: cross", "3: cross\n  4: ring"))
     assert "ring" in wrong_nc.read_text()

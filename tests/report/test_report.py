@@ -122,9 +122,10 @@ def test_unknown_size_is_null_not_zero() -> None:
         (lambda r: r["stages"]["pruned"].update(flops=1), "must be 2 x macs"),
         (lambda r: r.update(schema="other/9"), "schema: expected 'prunefx.report/1'"),
         (lambda r: r["stages"]["baseline"]["latency"].pop("median_ms"), "latency: missing 'median_ms'"),
-        (lambda r: r["stages"]["baseline"]["metrics"].update(top1="high"), "metrics.top1: expected number"),
-        (lambda r: r["widths"][0].update(after=None), r"widths\[0\].after: expected int"),
-        (lambda r: r.update(sweep={}), "sweep: expected a list"),
+        (lambda r: r["stages"]["baseline"]["metrics"].update(top1="high"), "metrics.top1 must be a number"),
+        (lambda r: r["widths"][0].update(after=None), r"widths\[0\].after must be an integer, got None"),
+        (lambda r: r.update(sweep={}), "sweep must be a list"),
+        (lambda r: r.update(extra=1), "unknown key in Report: 'extra'"),
         (lambda r: r["stages"]["pruned"]["delta"]["macs"].update(rel="x"), "delta.macs"),
     ],
 )
@@ -142,7 +143,7 @@ def test_load_report_errors(tmp_path: Path) -> None:
     with pytest.raises(ReportError, match="not valid JSON"):
         load_report(tmp_path)
     (tmp_path / "report.json").write_text(json.dumps({"schema": "prunefx.report/1"}))
-    with pytest.raises(ReportError, match="stages: expected an object"):
+    with pytest.raises(ReportError, match="Report: missing 'model', .*'stages'"):
         load_report(tmp_path)
 
 
@@ -161,3 +162,15 @@ def test_render_table(report: dict) -> None:
     text = console.export_text()
     pruned_gmacs = report["stages"]["pruned"]["macs"] / 1e9
     assert "baseline" in text and f"{pruned_gmacs:.3f} (" in text and "%" in text
+
+
+def test_widths_plot_groups_many_layers_into_stages():
+    """widths.png stays readable for 100+ groups: per-stage bars (<= 30 stages, deepest module prefix that fits)."""
+    from prunefx.report.plots import _stages, widths_png
+
+    names = [f"layer{i}.{j}.conv{k} out[0:64]" for i in range(1, 5) for j in range(6) for k in range(1, 4)]
+    assert _stages(names)[:3] == ["layer1.0"] * 3 and len(set(_stages(names))) == 24
+    many = [f"blocks.{i}.mlp.fc1 out[0:64]" for i in range(40)]
+    assert set(_stages(many)) == {"blocks"}  # 40 stages would not fit: one level up
+    png = widths_png([{"name": n, "before": 64, "after": 32} for n in names], "resnet, target: flops 0.5")
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"

@@ -10,7 +10,8 @@ from _classify_factories import tiny_bn_cnn
 
 import prunefx._io
 from prunefx.data.classification import DatasetSpec, TensorSplit, load_dataset
-from prunefx.train.loop import SparsityConfig, TrainConfig, TrainError, augment_batch, evaluate, fit, lr_factor
+from prunefx.train import SparsityConfig
+from prunefx.train.loop import TrainConfig, TrainError, augment_batch, evaluate, fit, lr_factor
 
 
 @pytest.fixture(scope="module")
@@ -134,11 +135,11 @@ def test_lr_schedule_and_augmentation():
 
 
 def test_bad_settings_name_the_key():
-    with pytest.raises(TrainError, match="optimizer must be sgd or adamw"):
+    with pytest.raises(TrainError, match=r"optimizer must be one of 'sgd', 'adamw', got 'adam' \(did you mean"):
         TrainConfig(optimizer="adam")
     with pytest.raises(TrainError, match=r"prune.finetune.lr must be a number, got 'fast'"):
         TrainConfig().updated({"lr": "fast"}, "prune.finetune.")
-    with pytest.raises(TrainError, match="augment must be a list of crop, flip"):
+    with pytest.raises(TrainError, match=r"augment\[0\] must be one of 'crop', 'flip', got 'rotate'"):
         TrainConfig.from_dict({"augment": ["rotate"]})
     assert TrainConfig.from_dict({"lr": "1e-3", "augment": "flip"}).augment == ("flip",)
     assert math.isclose(TrainConfig.from_dict({"lr": "1e-3"}).lr, 1e-3)

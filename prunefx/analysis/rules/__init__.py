@@ -1,6 +1,15 @@
 """Op rules: how each op labels, couples and freezes channels. Importing this package fills the registry."""
 
-from prunefx.analysis.rules import aten, elementwise, layers, linalg, reduce, shape  # noqa: F401 - registration side effects
+from prunefx.analysis.rules import (  # noqa: F401 - registration side effects
+    aten,
+    create,
+    elementwise,
+    index,
+    layers,
+    linalg,
+    reduce,
+    shape,
+)
 from prunefx.analysis.rules._registry import RULES, TRAIN_ONLY, OpRegistry, register_rule, register_train_only
 
 __all__ = ["RULES", "TRAIN_ONLY", "OpRegistry", "register_rule", "register_train_only"]

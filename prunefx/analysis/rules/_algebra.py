@@ -221,6 +221,8 @@ def fixed_size(ctx: Any, ref: Any) -> None:
 def size_args(ctx: Any, first: int) -> list[tuple[Any, tuple | None]]:
     """Per output dim: (traced size value, path of the literal) for ``view(*sizes)`` / ``view(sizes)``."""
     args = ctx.args[first:]
+    if len(args) == 1 and isinstance(args[0], fx.Node) and isinstance(ctx.aval(args[0]), (list, tuple)):
+        return [(v, None) for v in ctx.aval(args[0])]  # view(shape) with the shape computed in forward
     if len(args) == 1 and isinstance(args[0], (list, tuple)):
         raw, base = args[0], ("args", first)
     else:

@@ -18,6 +18,8 @@ from typing import Any
 
 from torch import nn
 
+from prunefx.capture import semantics as _semantics
+
 Rule = Callable[[Any], Any]
 
 
@@ -71,11 +73,7 @@ class OpRegistry:
 RULES = OpRegistry()
 register_rule = RULES.register
 
-# Functions that a training-mode trace calls with ``training=True`` baked in (dropout flavours, stochastic depth):
-# verification and calibration run them as the identity, i.e. with eval semantics, so runs are deterministic.
-TRAIN_ONLY: set[Callable[..., Any]] = set()
-
-
-def register_train_only(*fns: Callable[..., Any]) -> None:
-    """Declare functions that only act in training (random masks): the identity when a model is evaluated."""
-    TRAIN_ONLY.update(fns)
+# Train-only functions (dropout, stochastic depth) are declared in prunefx.capture.semantics, which runs graphs
+# with evaluation semantics; re-exported here, next to register_rule, for plugins that register both.
+TRAIN_ONLY = _semantics.TRAIN_ONLY
+register_train_only = _semantics.register_train_only

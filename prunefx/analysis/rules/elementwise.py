@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from prunefx.analysis.rules._algebra import passthrough, pointwise
-from prunefx.analysis.rules._registry import register_rule, register_train_only
+from prunefx.analysis.rules._registry import register_rule
 
 # Shape-preserving ops of one tensor: removing a channel before them equals removing it after.
 UNARY_MODULES = (
@@ -36,7 +36,6 @@ UNARY_METHODS = (
     "reciprocal", "nan_to_num", "hardtanh", "hardtanh_",
 )
 register_rule(*UNARY_MODULES, *UNARY_FUNCTIONS, *UNARY_METHODS)(passthrough)
-register_train_only(F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout, F.feature_alpha_dropout)
 
 # Arithmetic between tensors (and scalars): labels of operands spanning the same dim are merged.
 BINARY = (

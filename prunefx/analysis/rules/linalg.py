@@ -78,7 +78,8 @@ def conv_fn(ctx) -> Lab:
     groups = ctx.arg(6, "groups", 1)
     lx, lw = ctx.lab(x), ctx.lab(w)
     if groups != 1:
-        ctx.freeze([lx, lw], "functional grouped convolution")
+        lb = ctx.lab(b) if b is not None and ctx.is_tensor(b) else None
+        ctx.freeze([lx, lw, lb], "functional grouped convolution")
         return Lab.none(ctx.out.dim())
     _contract(ctx, lx.dims[1], lw.dims[1])
     for d in range(2, lw.ndim):  # kernel taps are not channels
@@ -110,8 +111,7 @@ def norm_fn(ctx) -> Lab:
     lx = ctx.lab(ctx.args[0])
     tensors = [a for a in (*ctx.args[1:], *ctx.kwargs.values()) if ctx.is_tensor(a)]
     if ctx.node.target is F.group_norm:
-        ctx.freeze(lx, "functional group_norm")
-        return lx
+        return _group_norm_fn(ctx, lx, tensors)
     shape = ctx.arg(1, "normalized_shape")
     k = len(shape)
     for j, d in enumerate(range(lx.ndim - k, lx.ndim)):
@@ -129,6 +129,34 @@ def norm_fn(ctx) -> Lab:
     if tensors:
         _members(ctx, tensors[0], *((Normalized(j), lx.dims[d]) for j, d in enumerate(range(lx.ndim - k, lx.ndim))))
     return lx
+
+
+def _group_norm_fn(ctx, lx: Lab, tensors: list) -> Lab:
+    """F.group_norm(x, g, weight, bias), as nn.GroupNorm: equal positions kept in every group, statistics
+    over a group inexact, weight and bias sliced with the channels."""
+    from prunefx.analysis.rules.layers import couple_blocks
+
+    g, atoms = ctx.arg(1, "num_groups"), lx.dims[1] if lx.ndim > 1 else None
+    if atoms is not None:
+        if isinstance(g, int) and len(atoms) % g == 0:
+            couple_blocks(ctx, atoms, g, "norm groups")
+            ctx.inexact(atoms, "group_norm statistics mix the channels of a group")
+        else:
+            ctx.freeze(atoms, "group_norm with a computed number of groups")
+    for t in tensors:
+        _contract(ctx, atoms, ctx.lab(t).dims[0])
+    return lx
+
+
+@register_rule(F.embedding)
+def embedding_fn(ctx) -> Lab:
+    """F.embedding(ids, weight): rows are looked up by value (never pruned), columns are the output channels."""
+    li, lw = ctx.lab(ctx.arg(0, "input")), ctx.lab(ctx.arg(1, "weight"))
+    if li.atoms().size:
+        ctx.freeze(li, "embedding indices")
+    if lw.dims[0] is not None:
+        ctx.freeze(lw.dims[0], "embedding rows are looked up by index")
+    return Lab((*li.dims, lw.dims[1]))
 
 
 @register_rule(F.scaled_dot_product_attention)

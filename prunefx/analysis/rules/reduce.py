@@ -137,3 +137,23 @@ def channel_shuffle(ctx) -> Lab:
         return lab
     block = couple_blocks(ctx, lab.dims[1], g, "shuffle groups")
     return lab.replace(1, np.repeat(block, g))
+
+
+# Running ops along a dim. A prefix sum over channels skips a zeroed channel exactly as it skips a removed one
+# (and the removed channel's own output position goes with it); products, maxima and log-sum-exp do not.
+CUMULATIVE = {
+    "cumsum": True, torch.cumsum: True, "cumsum_": True,
+    "cumprod": False, torch.cumprod: False, "cummax": False, torch.cummax: False, "cummin": False,
+    torch.cummin: False, "logcumsumexp": False, torch.logcumsumexp: False,
+}
+
+
+@register_rule(*CUMULATIVE)
+def cumulative(ctx):
+    lab = ctx.lab(ctx.args[0])
+    d = norm_dim(ctx.arg(1, "dim"), lab.ndim)
+    if lab.dims[d] is not None and not CUMULATIVE[ctx.node.target]:
+        name = ctx.node.target if isinstance(ctx.node.target, str) else ctx.node.target.__name__
+        ctx.freeze(lab.dims[d], f"{name} along a channel dim depends on every channel before")
+        lab = lab.replace(d, None)
+    return (lab, lab) if isinstance(ctx.out, tuple) else lab

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import builtins
-import operator
 
 import numpy as np
 import torch
@@ -53,50 +52,6 @@ def plain_value(ctx):
     return ctx.out
 
 
-@register_rule(operator.getitem)
-def getitem(ctx):
-    obj, idx = ctx.args[0], ctx.args[1]
-    if not ctx.is_tensor(obj):
-        container = ctx.aval(obj)
-        if isinstance(container, (tuple, list)) and not isinstance(idx, fx.Node):
-            return container[idx]
-        if isinstance(container, dict):
-            return container[idx]
-        return ctx.out
-    return _index(ctx, obj, idx)
-
-
-def _index(ctx, obj, idx) -> Lab:
-    """Basic indexing (ints, slices, None, Ellipsis); tensor indices freeze what they select from."""
-    lab, shape = ctx.lab(obj), ctx.shape(obj)
-    items = list(idx) if isinstance(idx, tuple) else [idx]
-    if any(isinstance(i, fx.Node) or isinstance(i, (list, torch.Tensor)) for i in items):
-        ctx.freeze(lab, "advanced (tensor) indexing")
-        return Lab.none(ctx.out.dim())
-    if Ellipsis in items:
-        k = items.index(Ellipsis)
-        fill = len(shape) - (len(items) - 1 - items.count(None))
-        items[k : k + 1] = [slice(None)] * fill
-    out, d = [], 0
-    for it in items:
-        if it is None:
-            out.append(None)
-            continue
-        arr = lab.dims[d]
-        if isinstance(it, int):
-            if arr is not None:
-                ctx.freeze(arr, "indexing picks a single channel")
-        elif isinstance(it, slice):
-            if arr is None or it == slice(None) or (it.start in (None, 0) and it.stop is None and it.step in (None, 1)):
-                out.append(arr)
-            else:
-                ctx.freeze(arr, "a constant slice of a channel dim")
-                out.append(None)
-        d += 1
-    out.extend(lab.dims[d:])
-    return Lab(tuple(out))
-
-
 # ---- reshapes --------------------------------------------------------------------------------------------
 @register_rule("view", "reshape", torch.reshape)
 def view(ctx) -> Lab:
@@ -106,6 +61,45 @@ def view(ctx) -> Lab:
     if ctx.node.target is torch.reshape and "shape" in ctx.kwargs:
         return reshape(ctx, ctx.args[0], tuple(ctx.out.shape), None)
     return reshape(ctx, ctx.args[0], tuple(ctx.out.shape), size_args(ctx, first))
+
+
+@register_rule("reshape_as", "view_as")
+def reshape_as(ctx) -> Lab:
+    """x.reshape_as(y): y's shape; where y's dims carry channels, x's matching dims must be the same ones."""
+    x, y = ctx.args[0], ctx.args[1]
+    res = reshape(ctx, x, tuple(ctx.out.shape), None)
+    ly = ctx.lab(y)
+    dims = list(res.dims)
+    for d, (a, b) in enumerate(zip(res.dims, ly.dims, strict=True)):
+        if a is not None and b is not None:
+            ctx.union(a, b)
+        elif a is not None or b is not None:
+            ctx.freeze(a if a is not None else b, "reshaped to another tensor's shape whose dim cannot be sliced")
+            dims[d] = None
+    return Lab(tuple(dims))
+
+
+@register_rule("unfold")
+def unfold(ctx) -> Lab:
+    """x.unfold(dim, size, step): sliding windows along ``dim`` (positions, never channels) in a new last dim."""
+    lab = ctx.lab(ctx.args[0])
+    d = norm_dim(ctx.arg(1, "dimension"), lab.ndim)
+    if lab.dims[d] is not None:
+        ctx.freeze(lab.dims[d], "sliding windows (unfold) along a channel dim")
+    return Lab((*lab.dims[:d], None, *lab.dims[d + 1 :], None))
+
+
+@register_rule("repeat_interleave", torch.repeat_interleave)
+def repeat_interleave(ctx) -> Lab:
+    """Each position repeated r times in place: a channel's copies are pruned with it (like ``repeat``)."""
+    lab = ctx.lab(ctx.args[0])
+    reps, dim = ctx.arg(1, "repeats"), ctx.arg(2, "dim")
+    if dim is None or not isinstance(reps, int) or not ctx.is_tensor(ctx.args[0]):
+        ctx.freeze(lab, "repeat_interleave with tensor repeats or without a dim")
+        return Lab.none(ctx.out.dim())
+    d = norm_dim(dim, lab.ndim)
+    arr = lab.dims[d]
+    return lab.replace(d, np.repeat(arr, reps) if arr is not None else None)
 
 
 @register_rule("flatten", torch.flatten, nn.Flatten, "ravel", torch.ravel)
@@ -189,8 +183,13 @@ def expand(ctx) -> Lab:
     lead = len(out) - len(shape)
     dims = [None] * lead + list(lab.dims)
     sizes = size_args(ctx, 1)
-    for d in range(lead, len(out)):
-        if dims[d] is not None:
+    for d in range(len(out)):
+        ref = sizes[d][0] if d < len(sizes) else None
+        if dims[d] is None and isinstance(ref, SizeRef) and ref.exact and len(ref.sources) == 1:
+            if len(ref.sources[0]) == out[d] and (d < lead or shape[d - lead] == 1):
+                dims[d] = ref.sources[0]  # a broadcast to another tensor's width: one copy per channel of it
+            continue
+        if d >= lead and dims[d] is not None:
             if shape[d - lead] != out[d]:
                 ctx.freeze(dims[d], "a single channel expanded across many")
                 dims[d] = None
@@ -272,10 +271,12 @@ def split(ctx) -> tuple:
     bounds = np.cumsum([0] + [o.shape[dim] for o in outs])
     segments = [arr[bounds[k] : bounds[k + 1]] for k in range(len(outs))]
     spec = ctx.arg(1, "split_size_or_sections" if method == "split" else "chunks")
-    if method == "chunk" or (method == "split" and isinstance(spec, int)):
+    if method == "chunk" and len({len(s) for s in segments}) > 1 and len(segments) == spec:
+        _uneven_chunk(ctx, segments, spec)
+    elif method == "chunk" or (method == "split" and isinstance(spec, int)):
         if len({len(s) for s in segments}) > 1:
-            # chunk/split(int) recompute piece sizes from the total: an uneven last piece cannot be kept
-            # consistent with any other count pattern, so the channels stay.
+            # split(int) / a chunk into fewer pieces than asked recompute piece sizes from the total in a way
+            # no kept count pattern survives: the channels stay.
             ctx.freeze(arr, f"{method}({spec}) into uneven pieces")
         elif len(segments) > 1:
             ctx.equal_count(segments, f"{method}({spec}) needs equal pieces")
@@ -292,6 +293,20 @@ def split(ctx) -> tuple:
     else:
         ctx.freeze(arr, f"{method} with computed boundaries")
     return tuple(lab.replace(dim, seg) for seg in segments)
+
+
+def _uneven_chunk(ctx, segments: list[np.ndarray], n: int) -> None:
+    """chunk(n) into pieces (p, ..., p, r), r < p: after pruning, chunk recomputes p' = ceil(C' / n).
+
+    Position i < r is coupled across all n pieces (each piece keeps the same positions) and the last p - r
+    positions of the full pieces are kept: every full piece then keeps m + p - r, the last m, C' = n m +
+    (n - 1)(p - r), and since p - r < n, ceil(C' / n) = m + p - r: the same n pieces, sliced alike."""
+    p, r = len(segments[0]), len(segments[-1])
+    for seg in segments[1:]:
+        ctx.union(segments[0][:r], seg[:r])
+    tail = np.concatenate([seg[r:] for seg in segments[:-1]])
+    ctx.freeze(tail, f"chunk({n}) into uneven pieces keeps the last {p - r} position(s) of each full piece")
+    ctx.note(segments[0][:r], f"same positions kept in each of the {n} uneven chunks at {ctx.where()}")
 
 
 @register_rule("unbind", torch.unbind)

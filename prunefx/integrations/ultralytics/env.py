@@ -1,7 +1,8 @@
 """Run ultralytics offline, with its settings and fonts inside the project instead of the user's home.
 
 Call :func:`setup_offline` before the first ``import ultralytics``: ultralytics decides at import time whether it
-is online (``YOLO_OFFLINE``) and where its config dir is (``YOLO_CONFIG_DIR``).
+is online (``YOLO_OFFLINE``), where its config dir is (``YOLO_CONFIG_DIR``) and whether it loads checkpoints
+weights-only (``ULTRALYTICS_SAFE_LOAD``, which prunefx turns on unless it is set).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ FONT_NAMES = ("Arial.ttf", "Arial.Unicode.ttf")
 
 def default_config_dir() -> Path:
     """``<repo>/.cache/yolo`` in a source checkout of prunefx, else ``<cwd>/.cache/yolo``."""
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[3]  # prunefx/integrations/ultralytics/env.py -> the checkout
     root = repo if (repo / "pyproject.toml").is_file() else Path.cwd()
     return root / ".cache" / "yolo"
 
@@ -37,6 +38,9 @@ def setup_offline(cache_dir: Path | str | None = None) -> Path:
     os.environ["YOLO_OFFLINE"] = "1"
     # A missing optional package (onnx for export, ...) must fail, not be pip-installed into the environment.
     os.environ["YOLO_AUTOINSTALL"] = "false"
+    # ultralytics' restricted loading for every checkpoint it loads itself (YOLO(path), validators): weights-only
+    # with its allow-list, and model yamls built without eval. prunefx's own loads choose explicitly (io.py).
+    os.environ.setdefault("ULTRALYTICS_SAFE_LOAD", "1")
 
     fonts_dir = config_dir / "Ultralytics"  # what ultralytics' get_user_config_dir() appends
     fonts_dir.mkdir(parents=True, exist_ok=True)

@@ -21,7 +21,8 @@ from typing import Any
 from torch import nn
 
 from prunefx.errors import PrunefxError
-from prunefx.train.sparsity import BNSparsity, TargetSparsity, sparsity_stats
+from prunefx.integrations.ultralytics.io import load_yolo
+from prunefx.train.sparsity import BNSparsity, SparsityConfig, sparsity_stats
 
 
 def trainer_class(task: str) -> type:
@@ -38,18 +39,6 @@ def trainer_class(task: str) -> type:
     if task not in trainers:
         raise PrunefxError(f"no ultralytics trainer for task {task!r}; known: {', '.join(trainers)}")
     return trainers[task]
-
-
-@dataclass
-class SparsityConfig:
-    """What ``TrainHooks`` attaches: ``s`` (or a TargetSparsity schedule when ``target`` is set), BNs left out."""
-
-    s: float
-    exclude: tuple[str, ...] = ()
-    target: float | None = None
-    threshold: float = 1e-2
-    s_max: float = 3e-2
-    select: float | None = None  # penalise only this fraction, the smallest gammas (BNSparsity's select)
 
 
 @dataclass
@@ -82,19 +71,9 @@ class TrainHooks:
             )
         if self.sparsity is None:
             return
-        sp = self.sparsity
-        schedule = None
-        if sp.target is not None:
-            steps_per_epoch = max(1, len(trainer.train_loader) // max(1, trainer.accumulate))
-            schedule = TargetSparsity(
-                target=sp.target,
-                threshold=sp.threshold,
-                s_max=sp.s_max,
-                total_steps=max(1, steps_per_epoch * (trainer.epochs - trainer.start_epoch)),
-            )
-        self._sp = BNSparsity(model, sp.s, exclude=sp.exclude, schedule=schedule, select=sp.select).attach(
-            trainer.optimizer
-        )
+        steps_per_epoch = max(1, len(trainer.train_loader) // max(1, trainer.accumulate))
+        total = steps_per_epoch * (trainer.epochs - trainer.start_epoch)
+        self._sp = self.sparsity.regularizer(model, total).attach(trainer.optimizer)
 
     def on_train_epoch_end(self, trainer: Any) -> None:
         if self._sp is None:
@@ -138,19 +117,9 @@ def train_yolo(
     return (best if best.is_file() else last), last
 
 
-def load_yolo(path: str | Path) -> nn.Module:
-    """The float32 model of an ultralytics checkpoint (pruned shapes included), in train mode."""
-    from ultralytics.nn.tasks import load_checkpoint
-
-    try:
-        model, _ = load_checkpoint(str(path))
-    except Exception as exc:  # a truncated file, a non-ultralytics pickle, ...
-        raise PrunefxError(
-            f"cannot load {path} as an ultralytics checkpoint ({type(exc).__name__}: {exc}); "
-            "give a .pt written by ultralytics or prunefx"
-        ) from exc
-    return model.float().train()
-
-
 def param_count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+# load_yolo lives with save_yolo in io.py; pipelines import it from here too.
+__all__ = ["SparsityConfig", "TrainHooks", "load_yolo", "param_count", "train_yolo", "trainer_class"]

@@ -1,0 +1,34 @@
+"""Run code on a model and put every module's attributes back afterwards (below every unit: capture and metrics)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from torch import nn
+
+_DICTS = (dict, OrderedDict)
+
+
+@contextmanager
+def attributes_kept(root: nn.Module) -> Iterator[None]:
+    """Restore every submodule's attributes (added, replaced or deleted ones) when the block ends.
+
+    The dicts a module holds are restored too, by content: parameters, buffers and children, and the hook dicts.
+    Forwards leave state behind: ultralytics' Detect caches anchors for the last input shape (meta tensors after
+    a meta pass), transformers installs output-capturing hooks on the first call and marks the model; restoring the
+    mark but not the hooks would install them twice on the next call (every hidden state recorded twice).
+    """
+    saved = [
+        (d, dict(d))
+        for m in root.modules()
+        for d in (vars(m), *(v for v in vars(m).values() if type(v) in _DICTS))
+    ]
+    try:
+        yield
+    finally:
+        for live, old in saved:
+            if live.keys() != old.keys() or any(live[k] is not v for k, v in old.items()):
+                live.clear()
+                live.update(old)

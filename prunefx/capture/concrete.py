@@ -1,0 +1,106 @@
+"""Concrete sizes while tracing: Python control flow on shapes follows the example inputs.
+
+Symbolic tracing cannot decide ``if H != window:``, ``int(math.sqrt(T))``, ``range(x.shape[1])`` or
+``(*x.shape[:-1], -1, head_dim)``: the values are proxies. They are sizes, though, and the example inputs fix
+them. :class:`ConcreteValues` runs the graph traced so far on meta tensors (incrementally, only when Python asks
+for a value), so the tracer can answer with the real bool / int / length. The graph is then specialised to the
+example shapes, as the analysis already is (a plan's fingerprint names its input shapes). A condition on a tensor's
+*values* (``if x.sum() > 0:``) has no meta value and still fails, as before.
+
+Each decision taken this way is recorded (``gm.meta["prunefx"]["specialised"]``: source line -> value).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch import nn
+from torch.fx import _symbolic_trace
+from torch.utils._pytree import tree_map
+
+# While tracing, fx patches Module.__call__ (and autowrapped functions) to record nodes; evaluating needs the
+# real ones. torch.fx's own escape hatch for this is private; without it, no concrete values (the old behaviour).
+_unpatched = getattr(_symbolic_trace, "_maybe_revert_all_patches", None)
+
+
+class NoConcreteValue(Exception):
+    """The node's value cannot be known from shapes alone (it depends on tensor data)."""
+
+
+def _meta(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return torch.empty_like(x, device="meta")
+    return x
+
+
+class ConcreteValues:
+    """Meta values of the nodes of a graph under construction, evaluated in order up to the node asked for."""
+
+    def __init__(self, root: nn.Module, example_inputs: Sequence[Any]) -> None:
+        self.root = root
+        self.inputs = [tree_map(_meta, x) for x in example_inputs]
+        self.env: dict[fx.Node, Any] = {}
+        self._placeholders = 0
+        self._failed: fx.Node | None = None
+
+    def value(self, graph: fx.Graph, node: fx.Node) -> Any:
+        """The meta value of ``node`` (a Python number for sizes), evaluating every earlier node not yet done."""
+        if node in self.env:
+            return self.env[node]
+        if _unpatched is None:
+            raise NoConcreteValue("this torch.fx cannot evaluate nodes while tracing")
+        with _unpatched(), torch.no_grad():
+            return self._evaluate(graph, node)
+
+    def _evaluate(self, graph: fx.Graph, node: fx.Node) -> Any:
+        for n in graph.nodes:
+            if n in self.env:
+                continue
+            if self._failed is not None:
+                raise NoConcreteValue(f"an earlier node ({self._failed.format_node()}) has no meta value")
+            try:
+                self.env[n] = self._run(n)
+            except Exception as exc:  # no meta kernel, data-dependent op: no concrete answer from here on
+                self._failed = n
+                raise NoConcreteValue(f"{n.format_node()}: {type(exc).__name__}: {exc}") from exc
+            if n is node:
+                break
+        return self.env[node]
+
+    def _load(self, a: Any) -> Any:
+        return fx.node.map_arg(a, lambda n: self.env[n])
+
+    def _run(self, n: fx.Node) -> Any:
+        if n.op == "placeholder":
+            i = self._placeholders
+            self._placeholders += 1
+            if i < len(self.inputs):
+                return self.inputs[i]
+            return n.args[0] if n.args else None  # a parameter bound to its default
+        if n.op == "get_attr":
+            obj: Any = self.root
+            for part in str(n.target).split("."):
+                obj = getattr(obj, part)
+            return _meta(obj)
+        args, kwargs = self._load(n.args), self._load(n.kwargs)
+        if n.op == "call_function":
+            return n.target(*args, **kwargs)
+        if n.op == "call_method":
+            return getattr(args[0], n.target)(*args[1:], **kwargs)
+        if n.op == "call_module":
+            module = self.root.get_submodule(str(n.target))
+            state = {k: _meta(v) for k, v in (*module.named_parameters(), *module.named_buffers())}
+            return torch.func.functional_call(module, state, tuple(args), kwargs, tie_weights=False, strict=False)
+        raise NoConcreteValue(f"no value for {n.op} nodes")
+
+
+def as_number(v: Any) -> Any:
+    """A Python bool/int/float from a traced value, or raise NoConcreteValue (a tensor's data is unknown)."""
+    if isinstance(v, (bool, int, float)):
+        return v
+    if isinstance(v, torch.Tensor) and v.device.type != "meta" and v.numel() == 1:
+        return v.item()
+    raise NoConcreteValue(f"a value of type {type(v).__name__} is not known while tracing")

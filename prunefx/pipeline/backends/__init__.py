@@ -1,0 +1,1 @@
+"""What differs between the pipelines: one backend per model family (see ``prunefx.pipeline.runner.Backend``)."""

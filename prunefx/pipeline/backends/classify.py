@@ -1,0 +1,368 @@
+"""The classification backend: :func:`prunefx.train.fit` on one or many processes, state_dict and prunefx files.
+
+    job = ClassifyJob.from_config(load_config("configs/digits_cnn.yaml", ["epochs=3"]), config_name="digits_cnn")
+    run = run_classify(job)       # -> RunDir; run.root / "report.md", run.root / "weights" / "finetuned.pt"
+
+    prunefx prune configs/digits_cnn.yaml nproc=2                           # spawns 2 DDP workers
+    torchrun --nproc_per_node 2 -m prunefx.pipeline configs/digits_cnn.yaml   # or let torchrun start them
+
+Every process runs the runner's stage loop. Training stages (baseline, sparsity, fine-tuning) run in every rank
+under DistributedDataParallel; pruning and the report run in rank 0 while the others wait. Only rank 0 writes
+files. A rank gets a model from rank 0 as bytes (the pruned one through ``prunefx.load``: the plan re-applied to a
+fresh model), so no shared file system is needed across machines. Inside an interrupted training stage, resume
+continues from its last epoch checkpoint (``weights/<stage>_last.pt``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import os
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from prunefx._config import check_fields, field_names, from_dict
+from prunefx.data.classification import ClassificationData, DatasetSpec, load_dataset
+from prunefx.errors import PrunefxError
+from prunefx.metrics import Deployment
+from prunefx.pipeline.classify_model import (
+    arch_signature,
+    check_classifier,
+    classifier_factory,
+    is_classifier_spec,
+    load_weights,
+    read_state_dict,
+    save_weights,
+    takes_in_channels,
+)
+from prunefx.pipeline.config import RUN_KEYS, ConfigError, PruneSpec, StageSpec, check_keys
+from prunefx.pipeline.rundir import RunDir
+from prunefx.pipeline.runner import STAGES, Job, Role, Start, Trained, execute, open_run, preflight, resume_hint
+from prunefx.train.distributed import (
+    LOCAL,
+    DistContext,
+    DistributedError,
+    init_from_env,
+    launched_by_torchrun,
+    resolve_device,
+    spawn,
+)
+from prunefx.train.loop import TrainConfig, evaluate, fit
+from prunefx.train.sparsity import SparsityConfig
+
+EXAMPLE_BATCH = 32  # real training images for pruning: bias-compensation means and the oracle check use them
+_STAGE_DIRS = {"baseline": "baseline", "sparse": "sparsity", "finetuned": "finetune"}  # <stage>_last.pt
+_WHERE = {"baseline": "", "sparse": "prune.sparsity.", "finetuned": "prune.finetune."}
+
+
+@dataclass(frozen=True)
+class Processes:
+    """How many processes train, where, and how long a rank waits for its peers."""
+
+    nproc: int = 1  # > 1: spawn DistributedDataParallel workers (torchrun decides itself)
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    threads: int | None = None  # torch threads per process (None: cores / nproc when spawning)
+    dist_timeout: float = 1800.0  # seconds a rank waits for the others before failing
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        if self.nproc < 1:
+            raise ConfigError(f"nproc must be a positive integer (processes to spawn), got {self.nproc!r}")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"threads must be a positive integer or null, got {self.threads!r}")
+        try:
+            resolve_device(self.device)
+        except DistributedError as exc:
+            raise ConfigError(str(exc)) from exc
+
+
+_OWN_KEYS = ("task", "model", "checkpoint", "dataset", "eval_split", "prune")
+TOP_KEYS = (*_OWN_KEYS, *RUN_KEYS, *field_names(Processes), *TrainConfig.keys())
+
+
+@dataclass(frozen=True)
+class ClassifyJob(Job):
+    """A validated classification pipeline config (every key checked before any work starts)."""
+
+    model: str = ""  # torchvision:NAME or package.module:factory
+    dataset: DatasetSpec = DatasetSpec()
+    num_classes: int = 10
+    train: TrainConfig = TrainConfig()  # the baseline recipe; sparsity/finetune blocks override keys of it
+    checkpoint: str | None = None  # baseline weights: skip baseline training
+    eval_split: Literal["test", "val"] = "test"
+    processes: Processes = Processes()
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], *, config_name: str = "classify") -> ClassifyJob:
+        """Check every key, the model, the dataset and the checkpoint; raises :class:`ConfigError`."""
+        check_keys(config, TOP_KEYS, "the config (classification: model, dataset, training keys, prune:)")
+        if config.get("task", "classify") != "classify":
+            raise ConfigError(f"task is {config['task']!r}, but model {config.get('model')!r} is a classifier; "
+                              "use task: classify (or an ultralytics model for other tasks)")
+        model = config.get("model")
+        if not is_classifier_spec(model):
+            raise ConfigError(
+                f"model {model!r} is not a classifier SPEC; give torchvision:NAME (e.g. torchvision:resnet18) "
+                "or package.module:factory (e.g. prunefx.zoo:bn_cnn)"
+            )
+        block = config.get("dataset") or {}
+        if not isinstance(block, dict):
+            raise ConfigError(f"dataset must be a block of keys (name, root, image_size, ...), got {block!r}")
+        check_keys(block, DatasetSpec.__dataclass_fields__, "dataset")
+        try:
+            dataset = DatasetSpec.from_dict(block)
+            if dataset.channels is None:  # the data's own channels when the model can take them, else RGB
+                dataset = replace(dataset, channels=dataset.native_channels if takes_in_channels(model) else 3)
+            num_classes = dataset.num_classes()
+            train = TrainConfig.from_dict({k: v for k, v in config.items()
+                                           if k in TrainConfig.keys() and v is not None})
+            spec = PruneSpec.parse(config.get("prune"), train_keys=set(TrainConfig.keys()) - {"epochs"})
+            train.updated(spec.sparsity.overrides, "prune.sparsity.")  # fails now, not after the baseline
+            train.updated(spec.finetune.overrides, "prune.finetune.")
+        except ConfigError:
+            raise
+        except PrunefxError as exc:
+            raise ConfigError(str(exc)) from exc
+        checkpoint = config.get("checkpoint")
+        if checkpoint is not None and not isinstance(checkpoint, str):
+            raise ConfigError(f"checkpoint must be the path of a weights file, got {checkpoint!r}")
+        if train.epochs == 0 and checkpoint is None:
+            raise ConfigError(
+                "epochs is 0 and no checkpoint is given: the baseline would be untrained; set epochs "
+                "or checkpoint=path/to/weights.pt"
+            )
+        eval_split = config.get("eval_split", "test")
+        if eval_split not in ("test", "val"):
+            raise ConfigError(f"eval_split must be test or val, got {eval_split!r}")
+        processes = from_dict(Processes, {k: config[k] for k in field_names(Processes) if config.get(k) is not None})
+        if train.batch < processes.nproc:
+            raise ConfigError(f"batch {train.batch} is the global batch and must be at least nproc ({processes.nproc})")
+        return cls.build(config, config_name, spec, model=model, dataset=dataset, num_classes=num_classes, train=train,
+                         checkpoint=checkpoint, eval_split=eval_split, processes=processes)
+
+    def factory(self) -> Callable[[], nn.Module]:
+        return classifier_factory(self.model, num_classes=self.num_classes, in_channels=self.dataset.channels)
+
+    def example(self, n: int = 1) -> torch.Tensor:
+        return torch.zeros(n, self.dataset.channels, self.dataset.size, self.dataset.size)
+
+    def check_inputs(self) -> None:
+        """The model builds, takes the dataset's images and predicts its classes; a checkpoint fits it."""
+        model = self.factory()()
+        check_classifier(model, self.model, self.example(2), self.num_classes)
+        # Under torchrun only rank 0 reads the checkpoint (it sends the weights): other machines need no copy.
+        if self.checkpoint is not None and os.environ.get("RANK", "0") == "0":
+            load_weights(model, self.checkpoint, f"{self.model} with {self.num_classes} classes",
+                         trust_checkpoint=self.run.trust_checkpoint)
+
+
+class ClassifyBackend:
+    """Train with :func:`prunefx.train.fit` in every rank, evaluate over all ranks (see ``runner.Backend``)."""
+
+    def __init__(self, job: ClassifyJob, dist: DistContext, log: Callable[[str], None] = print) -> None:
+        self.job, self.dist, self.log = job, dist, log
+        self.root: Path | None = None
+        self.name = job.model
+        self.checkpoint = job.checkpoint
+        self.baseline_epochs = job.train.epochs
+
+    @functools.cached_property
+    def data(self) -> ClassificationData:
+        """The dataset, loaded on first use (checks before any work need only the model)."""
+        data = load_dataset(self.job.dataset)
+        self.log(f"data: {data.summary()}")
+        return data
+
+    def path(self, role: Role) -> Path:
+        assert self.root is not None, "the runner sets root once the run directory is open"
+        if self.dist.is_main:
+            (self.root / "weights").mkdir(exist_ok=True)
+        return self.root / "weights" / f"{role}.pt"
+
+    def fresh(self) -> nn.Module:
+        torch.manual_seed(self.job.train.seed)  # the same initial weights in every rank and on every resume
+        return self.job.factory()()
+
+    def architecture(self) -> nn.Module:
+        with torch.random.fork_rng(devices=[]):  # an untrained model for analysis leaves the RNG as it was
+            return self.job.factory()()
+
+    def example_inputs(self) -> tuple[torch.Tensor, ...]:
+        return (self.job.example(),)
+
+    def prune_inputs(self) -> tuple[torch.Tensor, ...]:
+        return (self.data.example(EXAMPLE_BATCH),)  # real images: compensation measures channel means on them
+
+    def score_kwargs(self, criterion: str) -> dict[str, Any]:
+        if criterion != "taylor":
+            return {}
+        items = [self.data.train[i] for i in range(min(256, len(self.data.train)))]  # labelled training batches
+        images, labels = torch.stack([im for im, _ in items]), torch.as_tensor([int(lb) for _, lb in items])
+        return {"calibration": list(zip(images.split(64), labels.split(64), strict=True)), "loss_fn": F.cross_entropy}
+
+    def from_checkpoint(self) -> nn.Module:
+        model = self.fresh()
+        if self.dist.is_main:
+            load_weights(model, self.job.checkpoint, self.job.model, trust_checkpoint=self.job.run.trust_checkpoint)
+        model.load_state_dict(self.dist.broadcast(model.state_dict() if self.dist.is_main else None))
+        return model
+
+    def train(self, out: Role, start: Start, stage: StageSpec, sparsity: SparsityConfig | None) -> Trained:
+        info: dict[str, Any] = {}
+        plan = None
+        if start == "init":
+            model = self.fresh()
+        elif start == "baseline":
+            model = self.fresh()
+            model.load_state_dict(self.dist.broadcast(dict(read_state_dict(self.path("baseline")))
+                                                      if self.dist.is_main else None))
+        else:
+            model, plan, signature = self._pruned_in_every_rank()
+        recipe = replace(self.job.train.updated(stage.overrides, _WHERE[out]), epochs=stage.epochs)
+        result = fit(model, self.data.train, recipe, val=self.data.val, dist=self.dist, sparsity=sparsity,
+                     checkpoint=self.path(out).with_name(f"{_STAGE_DIRS[out]}_last.pt"), log=self.log)
+        self.save(model, out, plan)
+        if start == "pruned":
+            # What each rank trained, as rank 0 gathered it: the architecture (a digest of every tensor's name and
+            # shape) and the parameter count, so state.json shows every rank fine-tuned the same pruned model.
+            gathered = self.dist.all_gather((_digest(signature), sum(p.numel() for p in model.parameters())))
+            info["ranks"] = [{"rank": r, "arch": d, "params": n} for r, (d, n) in enumerate(gathered)]
+        return Trained(model, result.history, info)
+
+    def _pruned_in_every_rank(self) -> tuple[nn.Module, Any, list[tuple[str, tuple[int, ...]]]]:
+        """The pruned model in every rank: rank 0 sends pruned.pt's bytes, each rank re-applies its plan."""
+        from prunefx import load as load_pruned
+        from prunefx.plan import PruningPlan
+
+        path = self.path("pruned")
+        blob = self.dist.broadcast(path.read_bytes() if self.dist.is_main else None)
+        with tempfile.TemporaryDirectory() as tmp:
+            local = Path(tmp) / path.name
+            local.write_bytes(blob)
+            model = load_pruned(local, self.job.factory())
+            plan = PruningPlan.from_dict(torch.load(local, map_location="cpu", weights_only=True)["plan"])
+        signature = arch_signature(model)
+        everyone = self.dist.all_gather(signature)
+        if any(s != signature for s in everyone):  # every rank sees the same list, so all of them raise
+            bad = [r for r, s in enumerate(everyone) if s != everyone[0]]
+            raise DistributedError(f"ranks {bad} rebuilt a different pruned architecture than rank 0 from pruned.pt")
+        return model, plan, signature
+
+    def load(self, role: Role) -> nn.Module:
+        if role in ("pruned", "finetuned"):
+            from prunefx import load as load_pruned
+
+            return load_pruned(self.path(role), self.job.factory())
+        return load_weights(self.fresh(), self.path(role), self.job.model)
+
+    def save(self, model: nn.Module, role: Role, plan: Any = None) -> None:
+        if not self.dist.is_main:
+            return
+        if role in ("pruned", "finetuned"):
+            from prunefx import save
+
+            save(model, plan, self.path(role))
+        else:
+            save_weights(model, self.path(role), model_spec=self.job.model, num_classes=self.job.num_classes)
+
+    def evaluate(self, role: Role, model: nn.Module, *, alone: bool = False) -> dict[str, float]:
+        dist = replace(LOCAL, device=self.dist.device) if alone else self.dist
+        split = getattr(self.data, self.job.eval_split)
+        m = evaluate(model.to(dist.device), split, batch=self.job.train.eval_batch, dist=dist,
+                     workers=self.job.train.workers)
+        self.log(f"  {role}: top-1 {m.top1:.4f}, top-5 {m.top5:.4f}, loss {m.loss:.4f} "
+                 f"({m.n} {self.job.eval_split} images)")
+        return {"top1": m.top1, "top5": m.top5, "loss": m.loss}
+
+    def extra_costs(self, model: nn.Module) -> dict[str, float]:
+        return {}
+
+    def deployment(self) -> Deployment | None:
+        return None  # torch on the CPU with the run's threads
+
+    def settings(self) -> dict[str, Any]:
+        job, split = self.job, getattr(self.data, self.job.eval_split)
+        return {
+            "dataset": self.data.summary(),
+            "world_size": self.dist.world_size,
+            "metrics_by": f"top-1/top-5 on the {job.eval_split} split ({len(split)} images, one centred view, no "
+            f"augmentation); MACs at batch 1, {job.dataset.channels}x{job.dataset.size}x{job.dataset.size}",
+        }
+
+
+def _digest(signature: list[tuple[str, tuple[int, ...]]]) -> str:
+    return hashlib.sha256(repr(signature).encode()).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Processes: one, spawned workers, or torchrun's workers
+
+
+def run_classify(job: ClassifyJob, *, log: Callable[[str], None] = print) -> RunDir | None:
+    """Run (or resume) every stage of ``job``; returns the finished run directory (None in torchrun ranks > 0)."""
+    procs = job.processes
+    if launched_by_torchrun():
+        if procs.nproc > 1:
+            log(f"note: started by torchrun, which decides the number of processes; nproc={procs.nproc} is ignored")
+        dist = init_from_env(procs.device, timeout_s=procs.dist_timeout)
+        with _threads(procs.threads):
+            return _run_rank(job, dist, None, log)
+    if procs.nproc == 1:
+        with _threads(procs.threads):
+            return _run_rank(job, DistContext(device=resolve_device(procs.device)), None, log)
+    run = _open_checked(job, ClassifyBackend(job, LOCAL, log=lambda _msg: None))
+    log(f"run directory: {run.root}; spawning {procs.nproc} DistributedDataParallel workers")
+    try:
+        spawn(_spawned_rank, (job, str(run.root)), procs.nproc, threads=procs.threads)
+    except DistributedError as exc:
+        run = RunDir.reload(run.root)
+        if not run.is_complete:
+            # The failing rank's own error, not what rank 0 saw as a consequence ("connection closed by peer"),
+            # or nothing at all when rank 0 was stopped mid-stage.
+            run.fail(exc, stage=(run.state.get("error") or {}).get("stage") or run.state.get("current"))
+        log(resume_hint(run.root))
+        raise
+    return RunDir.reload(run.root)
+
+
+def _open_checked(job: ClassifyJob, backend: ClassifyBackend) -> RunDir:
+    preflight(job.prune, backend)  # nothing prunable: an error before the directory exists
+    return open_run(job)
+
+
+@contextlib.contextmanager
+def _threads(n: int | None) -> Iterator[None]:
+    """torch's intra-op thread count set to ``n`` for the run and restored after it (the caller's process goes on)."""
+    before = torch.get_num_threads()
+    if n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _spawned_rank(job: ClassifyJob, root: str) -> None:
+    dist = init_from_env(job.processes.device, timeout_s=job.processes.dist_timeout)
+    _run_rank(job, dist, RunDir.reload(Path(root)) if dist.is_main else None, print)
+
+
+def _run_rank(job: ClassifyJob, dist: DistContext, run: RunDir | None, log: Callable[[str], None]) -> RunDir | None:
+    """The stage loop in one rank; rank 0 owns the run directory (opening it when nobody did) and the files."""
+    backend = ClassifyBackend(job, dist, log if dist.is_main else (lambda _msg: None))
+    if dist.is_main and run is None:
+        run = _open_checked(job, backend)
+    if dist.is_main:
+        log(f"run directory: {run.root}" + (f" ({dist.world_size} ranks, {dist.device})" if dist.distributed else ""))
+    return execute(job, backend, run, log=log)
+
+
+__all__ = ["STAGES", "TOP_KEYS", "ClassifyBackend", "ClassifyJob", "Processes", "run_classify"]

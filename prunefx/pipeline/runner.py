@@ -1,0 +1,359 @@
+"""The one stage loop behind every pipeline: baseline -> sparsity -> prune -> fine-tune -> report.
+
+A backend (``pipeline/backends/``) does what differs between the model families: train, evaluate, load and save
+a model of a role (baseline, sparse, pruned, fine-tuned), example inputs, extra costs. The runner owns the rest:
+the stage order, resume (a finished stage is skipped), logging with the resume hint, the checks before any work,
+and the stages that are the same for everyone (the sparsity setup, pruning and its checks, the report).
+
+    backend = YoloBackend(job)                     # or ClassifyBackend(job, dist), SpecBackend(loaded)
+    preflight(job.prune, backend)                  # nothing prunable / a target that prunes nothing: an error now
+    run = open_run(job)
+    execute(job, backend, run)                     # -> the RunDir, status complete
+
+Distributed runs (classification under DDP) run the same loop in every rank: training stages everywhere, pruning
+and the report in rank 0 while the others wait; only rank 0 writes files.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal, Protocol, Self
+
+import numpy as np
+import torch
+from torch import nn
+
+from prunefx._config import ConfigError
+from prunefx._io import atomic_write
+from prunefx.analysis import DependencyGraph
+from prunefx.errors import PrunefxError
+from prunefx.metrics import Deployment
+from prunefx.pipeline.config import PruneSpec, RunOptions, StageSpec
+from prunefx.pipeline.diagnose import score_warnings, sparsity_warnings
+from prunefx.pipeline.rundir import RunDir
+from prunefx.plan import PruningPlan
+from prunefx.plan.config import TARGETS
+from prunefx.train.distributed import DistContext
+from prunefx.train.sparsity import SparsityConfig, sparsity_stats
+
+STAGES = ("baseline", "sparsity", "prune", "finetune", "report")
+ONE_SHOT = ("baseline", "prune", "report")  # `prunefx prune SPEC`: nothing trained
+_EVERY_RANK = frozenset({"baseline", "sparsity", "finetune"})  # training runs in every rank, the rest in rank 0
+
+Role = Literal["baseline", "sparse", "pruned", "finetuned"]
+Start = Literal["init", "baseline", "pruned"]  # init: the baseline's initialisation (seeded), not trained
+
+
+@dataclass(frozen=True)
+class Trained:
+    """What a backend's training stage left: the trained model, per-epoch rows, anything else for state.json."""
+
+    model: nn.Module
+    history: Sequence[Mapping[str, Any]] = ()
+    info: Mapping[str, Any] = field(default_factory=dict)
+
+
+class Backend(Protocol):
+    """What differs between the pipelines; the runner does everything else."""
+
+    dist: DistContext  # LOCAL unless training spans processes that all run the stage loop
+    root: Path | None  # the run directory, set by the runner once it is open
+    name: str  # the model as the report names it: "yolov8n.yaml", "torchvision:resnet18"
+    checkpoint: str | None  # weights to start from instead of training the baseline
+    baseline_epochs: int
+
+    def architecture(self) -> nn.Module:
+        """An untrained model of the pipeline's architecture (for checks and the channel analysis)."""
+
+    def example_inputs(self) -> tuple[torch.Tensor, ...]:
+        """Batch-1 inputs at the pipeline's size: costs, latency, analysis."""
+
+    def prune_inputs(self) -> tuple[torch.Tensor, ...]:
+        """Inputs for pruning: bias compensation measures channel means on them, the oracle runs them."""
+
+    def score_kwargs(self, criterion: str) -> dict[str, Any]:
+        """Extra arguments of ``prunefx.importance.score`` (taylor: labelled calibration batches)."""
+
+    def from_checkpoint(self) -> nn.Module:
+        """The model in ``checkpoint``, in every rank."""
+
+    def train(self, out: Role, start: Start, stage: StageSpec, sparsity: SparsityConfig | None) -> Trained:
+        """Train from ``start`` for ``stage.epochs`` and save the result as ``out`` (rank 0 writes)."""
+
+    def load(self, role: Role) -> nn.Module:
+        """The saved model of ``role`` (pruned shapes included)."""
+
+    def save(self, model: nn.Module, role: Role, plan: Any = None) -> None:
+        """Write ``model`` as ``role`` (rank 0 only); pruned models carry their plan."""
+
+    def evaluate(self, role: Role, model: nn.Module, *, alone: bool = False) -> dict[str, float]:
+        """Task metrics of ``model`` (saved as ``role``); ``alone``: only rank 0 runs this stage."""
+
+    def extra_costs(self, model: nn.Module) -> dict[str, float]:
+        """Costs in the family's own convention, reported beside the metrics (``yolo_gflops@640``)."""
+
+    def deployment(self) -> Deployment | None:
+        """Where latency is timed, for the report and a latency target (None: torch on the CPU, torch's threads)."""
+
+    def settings(self) -> dict[str, Any]:
+        """The backend's part of the report's settings (data, how metrics were measured, ...)."""
+
+
+@dataclass(frozen=True)
+class Job:
+    """What the runner needs of a validated pipeline config."""
+
+    prune: PruneSpec
+    run: RunOptions
+    config: Mapping[str, Any] = field(default_factory=dict, hash=False)  # as given, for config.yaml
+    stages: tuple[str, ...] = STAGES
+
+    @classmethod
+    def build(cls, config: Mapping[str, Any], config_name: str, prune: PruneSpec, **fields: Any) -> Self:
+        """The job of a validated ``config`` (run options from its run keys), its inputs checked."""
+        job = cls(prune=prune, run=RunOptions.parse(config, config_name), config=dict(config), **fields)
+        job.check_inputs()
+        return job
+
+    def check_inputs(self) -> None:
+        """Fail now, not after training, on inputs only the pipeline's backend knows how to check."""
+
+
+def check_target(spec: PruneSpec, where: str = "prune.target") -> None:
+    """A target that keeps everything prunes nothing: an error before any work, never an unpruned "pruned" model."""
+    ((key, value),) = spec.target.items()
+    if value == (0.0 if key == "ratio" else 1.0):
+        raise ConfigError(f"{where}.{key}={value} keeps every channel, so there is nothing to prune; give a target "
+                          f"that removes some (e.g. {where}.flops=0.5 or {where}.ratio=0.3)")
+
+
+def preflight(spec: PruneSpec, backend: Backend) -> None:
+    """Check on the untrained architecture that the plan can prune something, before any training.
+
+    Catches a model with no prunable group and ``ignore`` / ``min_channels`` settings that leave none eligible
+    (e.g. ``prune.ignore=['*']``), which would otherwise surface after the baseline and sparsity stages.
+    """
+    from prunefx import analyze
+    from prunefx.plan import make_plan
+
+    check_target(spec)
+    dg = analyze(backend.architecture(), backend.example_inputs())
+    ones = {g.id: np.ones(g.channels) for g in dg.groups if g.prunable}
+    # Which groups may be pruned does not depend on the target or the rounding: a plain ratio plan tells.
+    plan = make_plan(dg, ones, replace(spec.plan, **{**dict.fromkeys(TARGETS), "ratio": 0.5}, round_to=1))
+    reason = nothing_to_prune(dg, plan, backend.name)
+    if reason:
+        raise ConfigError(reason)
+
+
+def nothing_to_prune(dg: DependencyGraph, plan: PruningPlan, model: str) -> str | None:
+    """Why ``plan`` (made on ``dg``) can prune nothing at all, or None when it has groups to prune."""
+    if plan.groups:
+        return None
+    prunable = [g for g in dg.groups if g.prunable]
+    if not prunable:
+        reasons = Counter(r for g in dg.groups for r in g.reasons)
+        top = "; ".join(f"{r} ({n})" for r, n in reasons.most_common(3)) or "no channel groups"
+        return (f"nothing in {model} can be pruned: all {len(dg.groups)} channel groups are frozen ({top}); "
+                f"`prunefx analyze {model}` lists them")
+    reasons = Counter(reason for _, reason in plan.skipped)
+    top = "; ".join(f"{r} ({n})" for r, n in reasons.most_common(3))
+    return (f"none of the {len(prunable)} prunable groups of {model} may be pruned: {top}; narrow the ignore "
+            "patterns (--ignore, prune.ignore) or change the settings that exclude them (min_channels)")
+
+
+def open_run(job: Job) -> RunDir:
+    """Create, replace or resume the job's run directory (see :class:`RunDir`)."""
+    opts = job.run
+    return RunDir.open(Path(opts.project), str(opts.name), job.config, resume=opts.resume, exist_ok=opts.exist_ok)
+
+
+def resume_hint(root: Path) -> str:
+    """What to type to continue the run in ``root`` after fixing what stopped it."""
+    return (f"finished stages are kept in {root}; fix the cause and continue with the same config plus: "
+            f"resume=true name={root.name} project={root.parent}")
+
+
+def execute(job: Job, backend: Backend, run: RunDir | None, *, log: Callable[[str], None] = print) -> RunDir | None:
+    """Run (or resume) the job's stages; rank 0 holds ``run`` and returns it complete, other ranks get None."""
+    dist = backend.dist
+    root = Path(dist.broadcast(str(run.root) if dist.is_main else None))
+    done = set(dist.broadcast(list(run.state["stages"]) if dist.is_main else None))
+    log = log if dist.is_main else (lambda _msg: None)
+    backend.root = root
+    ctx = _Ctx(job, backend, run, root, log)
+    stages = {"baseline": _baseline, "sparsity": _sparsity, "prune": _prune, "finetune": _finetune,
+              "report": _report}
+    n = len(job.stages)
+    for i, name in enumerate(job.stages, 1):
+        if name in done:
+            log(f"[{i}/{n}] {name}: done earlier, skipped")
+            continue
+        log(f"[{i}/{n}] {name}")
+        if dist.is_main:
+            try:
+                with run.stage(name) as info:
+                    stages[name](ctx, info)
+            except BaseException:
+                log(f"stopped in stage {name!r}; {resume_hint(root)}")
+                raise
+            for warning in info.get("warnings", ()):
+                log(f"  warning: {warning}")
+            log(f"[{i}/{n}] {name} finished in {info['seconds']:.0f} s")
+        elif name in _EVERY_RANK:
+            stages[name](ctx, {})
+        dist.barrier()  # rank 0's files of this stage exist before any rank starts the next
+    if dist.is_main:
+        run.complete()
+    return run
+
+
+@dataclass
+class _Ctx:
+    job: Job
+    backend: Backend
+    run: RunDir | None  # rank 0 only
+    root: Path
+    log: Callable[[str], None]
+
+    def done(self, stage: str) -> dict[str, Any]:
+        return (self.run.done(stage) if self.run is not None else None) or {}
+
+    def ran(self, stage: str) -> bool:
+        """Whether ``stage`` produced a model (it is part of the job and was not skipped)."""
+        return stage in self.job.stages and not self.done(stage).get("skipped")
+
+
+def _baseline(ctx: _Ctx, info: dict[str, Any]) -> None:
+    b = ctx.backend
+    if b.checkpoint is not None:
+        model = b.from_checkpoint()
+        info["source"] = f"checkpoint {b.checkpoint}"
+        b.save(model, "baseline")
+    else:
+        trained = b.train("baseline", "init", StageSpec(b.baseline_epochs), None)
+        model = trained.model
+        info["source"] = f"trained from {b.name} for {b.baseline_epochs} epochs"
+        info["history"] = list(trained.history)
+    info["metrics"] = b.evaluate("baseline", model)
+
+
+def _sparsity(ctx: _Ctx, info: dict[str, Any]) -> None:
+    sp, b = ctx.job.prune.sparsity, ctx.backend
+    if sp.epochs == 0:
+        info["skipped"] = "prune.sparsity.epochs is 0"
+        return
+    config = sp.config.resolved(b.architecture(), b.example_inputs())  # residual BNs named once, in every rank
+    # scratch: the baseline's initial weights, trained with the penalty from the first step
+    trained = b.train("sparse", "init" if sp.start == "scratch" else "baseline", sp, config)
+    info.update(trained.info)
+    info["history"] = list(trained.history)
+    # The saved model's gammas: what the prune stage ranks (for YOLO the EMA weights ultralytics saves).
+    saved = b.load("sparse") if b.dist.is_main else trained.model
+    thresholds = sorted({1e-3, 1e-2, 1e-1, config.threshold})
+    info["gammas"] = sparsity_stats(saved, modules=_penalised(saved, config), thresholds=thresholds)
+    info["warnings"] = sparsity_warnings(info["gammas"], config)
+    info["metrics"] = b.evaluate("sparse", trained.model)
+
+
+def _penalised(model: nn.Module, config: SparsityConfig) -> list[str]:
+    from prunefx.train.sparsity import BNSparsity
+
+    return list(BNSparsity(model, exclude=config.exclude).modules)
+
+
+def _prune(ctx: _Ctx, info: dict[str, Any]) -> None:
+    from prunefx import prune
+    from prunefx.analysis.view import graph_data
+    from prunefx.report import write_graph
+
+    spec, b = ctx.job.prune, ctx.backend
+    source: Role = "sparse" if ctx.ran("sparsity") else "baseline"
+    model = b.load(source).eval()
+    result = prune(model, b.prune_inputs(), spec.plan, criterion=spec.criterion, check=spec.verify,
+                   bias_compensation=spec.bias_compensation, deployment=b.deployment(),
+                   **b.score_kwargs(spec.criterion))
+    reason = nothing_to_prune(result.graph, result.plan, b.name)
+    if reason:
+        raise ConfigError(reason)
+    if not result.plan.pruned:
+        target = ", ".join(f"{k} {v:g}" for k, v in spec.target.items())
+        raise ConfigError(f"the target ({target}) is already met: the plan removes no channel from {b.name}; "
+                          "lower it (e.g. prune.target.flops=0.5, --flops 0.5)")
+    if result.verified is not None and not result.verified.ok:
+        raise PrunefxError(f"the pruned model differs from the masked original: {result.verified.message}")
+    info["source"] = source
+    info["verify"] = result.verified.message if result.verified is not None else "skipped (prune.verify=false)"
+    info["widths"] = [{"name": result.graph.groups[g.group].label, "before": g.before, "after": g.after}
+                      for g in result.plan.groups]
+    # groups prune() froze because pruning them failed the oracle (the target was planned again without them)
+    info["frozen_by_check"] = [{"name": result.graph.groups[g].label, "reason": why}
+                               for g, why in result.frozen_by_check]
+    if result.latency is not None:  # a latency target: the rounds of planning against measured latency
+        info["latency_target"] = {"met": result.latency.met, "note": result.latency.note,
+                                  "rounds": [asdict(r) for r in result.latency.rounds]}
+    est = result.plan.estimate
+    info["macs_kept_estimate"] = est["macs_after"] / est["macs_before"] if est.get("macs_before") else None
+    sparsity = ctx.done("sparsity")
+    info["warnings"] = score_warnings(result, spec.criterion, sparsity.get("gammas"))
+    atomic_write(ctx.root / "plan.json", result.plan.to_json().encode())
+    write_graph(ctx.root, graph_data(result.graph, result.plan))  # report.html draws the graph from it
+    b.save(result.model, "pruned", result.plan)
+    ctx.log(f"  {len(result.plan.pruned)} of {len(result.plan.groups)} groups pruned; verify: {info['verify']}")
+    info["metrics"] = b.evaluate("pruned", result.model, alone=True)  # only rank 0 runs this stage
+
+
+def _finetune(ctx: _Ctx, info: dict[str, Any]) -> None:
+    ft, b = ctx.job.prune.finetune, ctx.backend
+    if ft.epochs == 0:
+        info["skipped"] = "prune.finetune.epochs is 0"
+        return
+    trained = b.train("finetuned", "pruned", ft, None)
+    info.update(trained.info)
+    info["history"] = list(trained.history)
+    info["metrics"] = b.evaluate("finetuned", trained.model)
+
+
+def _report(ctx: _Ctx, info: dict[str, Any]) -> None:
+    from prunefx.metrics import compare_latency, measure
+    from prunefx.report import Stage, build_report, write_report
+
+    spec, b, run = ctx.job.prune, ctx.backend, ctx.run
+    x = b.example_inputs()
+    roles: dict[str, tuple[Role, str]] = {"baseline": ("baseline", "baseline"), "pruned": ("pruned", "prune")}
+    if ctx.ran("finetune"):
+        roles["finetuned"] = ("finetuned", "finetune")
+    models = {name: b.load(role).cpu().eval() for name, (role, _) in roles.items()}
+    # The stages are timed in alternating rounds, so a slow spell of the machine hits them all alike.
+    timed = compare_latency(models, x, b.deployment()) if spec.latency else {}
+    stages = {name: Stage(measure(m, x), timed.get(name),
+                          {**(ctx.done(roles[name][1]).get("metrics") or {}), **b.extra_costs(m)})
+              for name, m in models.items()}
+    pr = ctx.done("prune")
+    sparsity = ctx.done("sparsity")
+    settings = {
+        "config": dict(ctx.job.config),
+        "criterion": spec.criterion,
+        "target": spec.target,
+        "verify": pr["verify"],
+        "pruned_from": pr["source"],
+        "stage_seconds": {k: v.get("seconds") for k, v in run.state["stages"].items()},
+        **({"sparsity": {"metrics": sparsity.get("metrics"), "gammas": sparsity.get("gammas")}}
+           if "sparsity" in ctx.job.stages else {}),
+        **({"latency_target": pr["latency_target"]} if pr.get("latency_target") else {}),
+        **b.settings(),
+    }
+    warnings = [w for s in ("sparsity", "prune") for w in ctx.done(s).get("warnings", ())]
+    report = build_report(model=b.name, baseline=stages["baseline"], pruned=stages["pruned"],
+                          finetuned=stages.get("finetuned"), settings=settings, warnings=warnings,
+                          widths=[(w["name"], w["before"], w["after"]) for w in pr["widths"]])
+    write_report(ctx.root, report)
+    info["macs_kept"] = report["stages"]["pruned"]["macs"] / report["stages"]["baseline"]["macs"]
+    info["files"] = sorted(p.name for p in ctx.root.iterdir() if p.is_file())
+
+
+__all__ = ["ONE_SHOT", "STAGES", "Backend", "Job", "Trained", "check_target", "execute",
+           "nothing_to_prune", "open_run", "preflight", "resume_hint"]

@@ -1,0 +1,168 @@
+"""Run directories: created only under project, name one path component, replaced only when they are prunefx runs,
+and damaged runs reported in one line."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from _hostile import Sandbox, assert_refused, assert_untouched, invoke
+
+from prunefx.pipeline.rundir import LOCK, RunDir, RunLock, is_run
+
+# Validates in about a second; every case below is refused before a stage runs.
+YOLO = ["prune", "yolo.yaml", "project=runs", "imgsz=64", "prune.data.n_train=8", "prune.data.n_val=4",
+        "prune.data.imgsz=64"]
+DIGITS = ["prune", "digits_cnn.yaml", "project=runs", "epochs=1"]
+
+
+@pytest.mark.parametrize("config", [YOLO, DIGITS], ids=["yolo", "classify"])
+@pytest.mark.parametrize(
+    "name", ["../../../outside/escape", "../outside", "..", ".", "a/b", "/tmp/prunefx-absolute-name"]
+)
+def test_name_is_one_path_component(sandbox: Sandbox, config: list[str], name: str) -> None:
+    before = sandbox.snapshot()
+    result = invoke(*config, f"name={name}", "exist_ok=true")
+    assert_refused(result, r"name=.* must be one directory name")
+    assert_untouched(sandbox, before)
+    assert not Path("/tmp/prunefx-absolute-name").exists()
+    assert not sandbox.project.exists() or not any(sandbox.project.iterdir())
+
+
+def test_name_dotdot_with_exist_ok_deletes_nothing(sandbox: Sandbox) -> None:
+    """The reported case: name=../.. with exist_ok=true deleted a user's directory."""
+    (sandbox.project / "deep").mkdir(parents=True)
+    before = sandbox.snapshot()
+    result = invoke(*YOLO[:2], "project=runs/deep", "name=../..", "exist_ok=true")
+    assert_refused(result, r"name='\.\./\.\.' must be one directory name")
+    assert_untouched(sandbox, before)
+    assert (sandbox.project / "deep").is_dir()
+
+
+def test_project_that_is_a_file(sandbox: Sandbox) -> None:
+    (sandbox.root / "notadir").write_text("x")
+    before = sandbox.snapshot()
+    for config in (YOLO, DIGITS):
+        result = invoke(*config[:2], "project=notadir", "name=r")
+        assert_refused(result, r"project=notadir is a file, not a directory")
+    result = invoke(*YOLO[:2], "project=notadir/sub", "name=r")
+    assert_refused(result, r"cannot create project directory notadir/sub")
+    assert_untouched(sandbox, before)
+
+
+@pytest.mark.parametrize("config", [YOLO, DIGITS], ids=["yolo", "classify"])
+def test_exist_ok_refuses_a_directory_that_is_not_a_run(sandbox: Sandbox, config: list[str]) -> None:
+    mine = sandbox.project / "mine"
+    mine.mkdir(parents=True)
+    (mine / "thesis.tex").write_text("years of work")
+    result = invoke(*config, "name=mine", "exist_ok=true")
+    assert_refused(result, r"runs/mine is not a prunefx run .* exist_ok will not delete it")
+    assert sorted(p.name for p in mine.iterdir()) == ["thesis.tex"]  # not even a lock file was added
+    assert (mine / "thesis.tex").read_text() == "years of work"
+
+
+def test_exist_ok_replaces_a_run_and_only_a_run(tmp_path: Path) -> None:
+    first = RunDir.open(tmp_path, "r", {"model": "a"})
+    (first.root / "weights").mkdir()
+    (first.root / "weights" / "old.pt").write_bytes(b"old")
+    first.complete()
+    again = RunDir.open(tmp_path, "r", {"model": "b"}, exist_ok=True)
+    assert again.root == first.root
+    assert sorted(p.name for p in again.root.iterdir()) == [LOCK, "config.yaml", "state.json"]
+    assert "model: b" in (again.root / "config.yaml").read_text()
+    taken = RunDir.open(tmp_path, "r", {"model": "c"})  # without exist_ok: the next free name
+    assert taken.root == tmp_path / "r2" and is_run(taken.root)
+    (tmp_path / "empty").mkdir()
+    assert RunDir.open(tmp_path, "empty", {}, exist_ok=True).root == tmp_path / "empty"  # nothing to delete
+    for other in (RunDir.open(tmp_path, "r", {}, exist_ok=True), taken):
+        RunLock.release_root(other.root)
+
+
+@pytest.mark.parametrize("target", ["not a run", "a file", "a symlink to a run"])
+def test_prune_spec_exist_ok_replaces_only_runs(sandbox: Sandbox, target: str) -> None:
+    out = sandbox.root / "out"
+    if target == "not a run":
+        out.mkdir()
+        (out / "data.csv").write_text("1,2,3")
+    elif target == "a file":
+        out.write_text("a file")
+    else:
+        run = RunDir.open(sandbox.root, "real_run", {})
+        run.complete()
+        out.symlink_to(run.root, target_is_directory=True)
+    before = sandbox.snapshot()
+    result = invoke("prune", "hostile_models:tiny", "--imgsz", "16", "--out", "out", "--exist-ok", "--no-latency")
+    assert_refused(result, r"out is not (a prunefx run|a directory)")
+    assert_untouched(sandbox, before)
+
+
+def test_prune_spec_replaces_its_own_run(sandbox: Sandbox) -> None:
+    args = ["prune", "hostile_models:tiny", "--imgsz", "16", "--out", "runs/once", "--no-latency", "--ratio", "0.5"]
+    assert invoke(*args).exit_code == 0
+    run = sandbox.project / "once"
+    state = json.loads((run / "state.json").read_text())
+    assert state["status"] == "complete" and is_run(run)
+    assert_refused(invoke(*args), r"runs/once already holds a run; pick another --out or pass --exist-ok")
+    (run / "stale.txt").write_text("from the first run")
+    result = invoke(*args, "--exist-ok")
+    assert result.exit_code == 0, result.output
+    assert not (run / "stale.txt").exists() and is_run(run)
+    assert [p.name for p in sandbox.project.iterdir()] == ["once"]  # no temp or trash directory left
+
+
+# ---- damaged runs ------------------------------------------------------------------------------------------------
+
+
+def _started_run(box: Sandbox, config: list[str], name: str = "r") -> Path:
+    """A run as the CLI would have left it after being interrupted: config.yaml, state.json, status failed."""
+    from prunefx.pipeline.config import load_config
+
+    raw = load_config(config[1], [*config[2:], f"name={name}"])
+    run = RunDir.open(box.project, name, raw)
+    run.state["status"] = "interrupted"
+    run._save()
+    RunLock.release_root(run.root)
+    return run.root
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        ("state.json is a list", r"state\.json is not a prunefx run state"),
+        ("state.json is not json", r"state\.json is corrupt"),
+        ("config.yaml is not yaml", r"config\.yaml is corrupt"),
+        ("config.yaml is a list", r"config\.yaml is not a mapping"),
+        ("config.yaml is missing", r"config\.yaml is missing"),
+        ("no state.json", r"holds no state\.json"),
+    ],
+)
+@pytest.mark.parametrize("config", [YOLO, DIGITS], ids=["yolo", "classify"])
+def test_resume_of_a_damaged_run(sandbox: Sandbox, config: list[str], damage: str, message: str) -> None:
+    root = _started_run(sandbox, config)
+    state, cfg = root / "state.json", root / "config.yaml"
+    {
+        "state.json is a list": lambda: state.write_text("[1, 2]"),
+        "state.json is not json": lambda: state.write_text("{"),
+        "config.yaml is not yaml": lambda: cfg.write_text("a: [unclosed"),
+        "config.yaml is a list": lambda: cfg.write_text("- 1\n- 2\n"),
+        "config.yaml is missing": cfg.unlink,
+        "no state.json": state.unlink,
+    }[damage]()
+    before = {p.name: p.read_bytes() for p in root.iterdir() if p.name != LOCK}  # the lock records its holder
+    outside = sandbox.snapshot()
+    result = invoke(*config, "name=r", "resume=true")
+    assert_refused(result, rf"cannot resume .*runs/r|{message}")
+    assert re.search(message, result.stderr)
+    assert {p.name: p.read_bytes() for p in root.iterdir() if p.name != LOCK} == before
+    assert_untouched(sandbox, outside)
+
+
+def test_report_on_a_file_or_a_damaged_run(sandbox: Sandbox) -> None:
+    (sandbox.root / "report.json").write_text("{}")
+    assert_refused(invoke("report", "report.json"), r"report\.json is a file, not a directory; give the directory")
+    assert_refused(invoke("report", "nowhere"), r"nowhere does not exist")
+    root = _started_run(sandbox, YOLO)
+    (root / "state.json").write_text("[]")
+    assert_refused(invoke("report", str(root)), r"state\.json is not a prunefx run state")

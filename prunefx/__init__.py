@@ -11,6 +11,8 @@ The public names below are imported on first use (PEP 562), so ``import prunefx.
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from typing import TYPE_CHECKING, Any
 
 from prunefx import integrations  # noqa: F401 - names the built-in plugins; imports none of them
@@ -49,6 +51,19 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *__all__})
+
+
+class _Package(types.ModuleType):
+    """The package, whose public names win over its same-named submodules (``prunefx.verify``)."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Importing the submodule prunefx.verify binds it here as `verify`; the public name is its function.
+        if name in _PUBLIC and isinstance(value, types.ModuleType) and value.__name__ == f"{__name__}.{name}":
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 if TYPE_CHECKING:  # what the names are, for type checkers and editors

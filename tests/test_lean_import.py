@@ -37,3 +37,15 @@ assert not missing, missing
 assert sorted(prunefx._PUBLIC) == sorted(prunefx.__all__)
 """
     subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True)
+
+
+def test_public_names_win_over_same_named_submodules() -> None:
+    """``prunefx.verify`` stays the function after anything imports the submodule ``prunefx.verify``."""
+    probe = """
+import prunefx
+import prunefx.api  # imports the submodule prunefx.verify
+from prunefx.verify import VerifyResult
+assert callable(prunefx.verify) and prunefx.verify.__module__ == "prunefx.verify", prunefx.verify
+assert callable(prunefx.prune) and prunefx.VerifyResult is VerifyResult
+"""
+    subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True)

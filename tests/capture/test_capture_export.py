@@ -12,7 +12,8 @@ from prunefx.errors import TraceFailure
 
 
 class Branchy(nn.Module):
-    """Python control flow on a size and a grad-mode block: fx cannot trace it (it becomes a leaf), export can."""
+    """A type check on an activation and a grad-mode block: fx cannot trace it (a Proxy is not a Tensor, so the
+    module becomes a leaf), export can (its fake tensors are tensors)."""
 
     def __init__(self):
         super().__init__()
@@ -21,6 +22,8 @@ class Branchy(nn.Module):
 
     def forward(self, x, flag: bool = True):
         h = self.a(x)
+        if not isinstance(h, torch.Tensor):  # input validation as libraries write it
+            raise TypeError(f"expected a tensor, got {type(h).__name__}")
         with torch.no_grad():
             s = self.scale * 2.0
         if h.shape[-1] > 4 and flag:

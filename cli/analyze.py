@@ -6,9 +6,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-import prunefx
-from prunefx._io import atomic_write
-from prunefx.spec import FORMS, SIZES, TRUST_HELP, load_spec
+# Only light modules at the top (help texts included): each command imports torch and the library when it runs.
+from prunefx._defaults import FORMS, SIZES, TRUST_HELP
 
 
 def analyze(
@@ -29,6 +28,10 @@ def analyze(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="On error, also print the traceback.")] = False,
 ) -> None:
     """Trace SPEC and print which channels must be pruned together, and which cannot be pruned and why."""
+    import prunefx
+    from prunefx._io import atomic_write
+    from prunefx.spec import load_spec
+
     loaded = load_spec(spec, imgsz=imgsz, trust_checkpoint=trust_checkpoint)
     dg = prunefx.analyze(loaded.model, loaded.example_inputs)
     console = Console()

@@ -3,14 +3,17 @@
 import json
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 
+# Only light modules at the top (help texts included): each command imports torch and the library when it runs.
+from prunefx._defaults import FORMS, ONNX_OPSET, SIZES, TRUST_HELP
 from prunefx.errors import PrunefxError
-from prunefx.export import ONNX_OPSET, Exported, export_onnx
-from prunefx.spec import FORMS, SIZES, TRUST_HELP, load_spec
+
+if TYPE_CHECKING:
+    from prunefx.export import Exported
 
 
 class Format(str, Enum):
@@ -48,6 +51,9 @@ def export(
     YOLO models go through ultralytics' own exporter; everything else through torch.onnx (TorchScript exporter),
     with eval BatchNorm folded into the convolutions first.
     """
+    from prunefx.export import export_onnx
+    from prunefx.spec import load_spec
+
     path = Path(source)
     if path.is_dir():
         result = _export_run(path, out or path / "model.onnx", imgsz, opset, dynamic_batch, trust_checkpoint)
@@ -63,7 +69,7 @@ def export(
     Console().print(f"[green]wrote {result.describe()}[/green]", soft_wrap=True)
 
 
-def _yolo(model, target: Path, imgsz: int, opset: int | None, dynamic: bool, trust: bool = False) -> Exported:
+def _yolo(model, target: Path, imgsz: int, opset: int | None, dynamic: bool, trust: bool = False) -> "Exported":
     from prunefx.integrations.ultralytics.export import export_yolo
 
     return export_yolo(model, target, imgsz=imgsz, opset=opset, dynamic_batch=dynamic, trust_checkpoint=trust)
@@ -71,11 +77,13 @@ def _yolo(model, target: Path, imgsz: int, opset: int | None, dynamic: bool, tru
 
 def _export_run(
     run: Path, target: Path, imgsz: int | None, opset: int | None, dynamic: bool, trust: bool
-) -> Exported:
+) -> "Exported":
     """Export the final model of a run directory: fine-tuned when there is one, else pruned."""
     import torch
 
     import prunefx
+    from prunefx.export import export_onnx
+    from prunefx.spec import load_spec
 
     yolo_best = run / "weights" / "best.pt"
     if yolo_best.is_file():  # a YOLO pipeline run: an ordinary ultralytics checkpoint

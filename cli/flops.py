@@ -9,13 +9,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from prunefx._io import atomic_write
-from prunefx.integrations.ultralytics.gflops import ultralytics_gflops
-from prunefx.metrics import CONVENTIONS, measure
-from prunefx.metrics import latency as measure_latency
-from prunefx.metrics.backends import Deployment
-from prunefx.metrics.latency import CONVENTION as LATENCY_CONVENTION
-from prunefx.spec import FORMS, SIZES, TRUST_HELP, load_spec
+# Only light modules at the top (help texts included): each command imports torch and the library when it runs.
+from prunefx._defaults import FORMS, SIZES, TRUST_HELP
 
 ULTRALYTICS_CONVENTION = (
     "2 x GMACs of one 1 x C x imgsz x imgsz image counted by ultralytics-thop on the unfused model, "
@@ -58,6 +53,14 @@ def flops(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="On error, also print the traceback.")] = False,
 ) -> None:
     """Count the MACs and FLOPs (= 2 x MACs) of one forward of SPEC, its parameters and size, and optionally time it."""
+    from prunefx._io import atomic_write
+    from prunefx.integrations.ultralytics.gflops import ultralytics_gflops
+    from prunefx.metrics import CONVENTIONS, measure
+    from prunefx.metrics import latency as measure_latency
+    from prunefx.metrics.backends import Deployment
+    from prunefx.metrics.latency import CONVENTION as LATENCY_CONVENTION
+    from prunefx.spec import load_spec
+
     for given, hint in ((threads is not None, "--threads"), (backend is not Backend.torch, "--backend"),
                         (device != "cpu", "--device")):
         if given and not latency:

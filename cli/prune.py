@@ -3,24 +3,20 @@
 import copy
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import torch
 import typer
 from rich.console import Console
 
-import prunefx
+# Only light modules at the top (help texts included): each command imports torch and the library when it runs.
+from prunefx._defaults import FORMS, SIZES, TRUST_HELP
 from prunefx.cli.flops import Backend
 from prunefx.errors import PrunefxError
-from prunefx.metrics import Deployment
-from prunefx.pipeline import run_config
-from prunefx.pipeline.backends.spec import run_spec
-from prunefx.pipeline.config import PruneSpec, RunOptions
-from prunefx.pipeline.rundir import check_replaceable, is_run
-from prunefx.pipeline.runner import ONE_SHOT, Job
-from prunefx.plan import PruningPlan
-from prunefx.report import load_report, render_table
-from prunefx.spec import FORMS, SIZES, TRUST_HELP, LoadedModel, load_spec
+
+if TYPE_CHECKING:
+    from prunefx.metrics import Deployment
+    from prunefx.plan import PlanConfig
+    from prunefx.spec import LoadedModel
 
 CONFIG_SUFFIXES = (".yaml", ".yml")
 
@@ -83,6 +79,10 @@ def prune(
     With a config (e.g. configs/yolo.yaml) every setting is a config key, overridable as key=value; with a model
     SPEC the options below apply and nothing is trained.
     """
+    import prunefx
+    from prunefx.metrics import Deployment
+    from prunefx.spec import load_spec
+
     if is_config_argument(spec):
         _run_pipeline(ctx, spec, list(overrides or ()), trust_checkpoint)
         return
@@ -154,6 +154,9 @@ def _run_pipeline(ctx: typer.Context, path: str, overrides: list[str], trust_che
         )
     if trust_checkpoint:
         overrides = [*overrides, "trust_checkpoint=true"]
+    from prunefx.pipeline import run_config
+    from prunefx.report import load_report, render_table
+
     console = Console()
     run = run_config(path, overrides, log=console.print)
     console.print(render_table(load_report(run.root)))
@@ -162,14 +165,18 @@ def _run_pipeline(ctx: typer.Context, path: str, overrides: list[str], trust_che
 
 def _check_out(run_dir: Path, exist_ok: bool) -> None:
     """The run directory can be written: missing or empty, or (with --exist-ok) a prunefx run to replace."""
+    from prunefx.pipeline.rundir import check_replaceable, is_run
+
     check_replaceable(run_dir)  # a file, or a directory that is not a run, is never replaced
     if run_dir.is_dir() and any(run_dir.iterdir()) and not exist_ok:
         what = "holds a run" if is_run(run_dir) else "is not empty"
         raise PrunefxError(f"{run_dir} already {what}; pick another --out or pass --exist-ok to replace it")
 
 
-def _check_train_mode(loaded: LoadedModel) -> None:
+def _check_train_mode(loaded: "LoadedModel") -> None:
     """The original must run in train mode on the example input: the oracle checks the pruned model in both modes."""
+    import torch
+
     probe = copy.deepcopy(loaded.model).train()  # a copy: train-mode forwards update BatchNorm statistics
     try:
         with torch.no_grad():
@@ -184,15 +191,21 @@ def _check_train_mode(loaded: LoadedModel) -> None:
 
 
 def _prune_once(
-    loaded: LoadedModel,
+    loaded: "LoadedModel",
     spec: str,
-    config: prunefx.PlanConfig,
+    config: "PlanConfig",
     criterion: str,
     run_dir: Path,
     latency: bool,
-    deployment: Deployment,
+    deployment: "Deployment",
 ) -> None:
     """The pipelines' stage loop without training (baseline -> prune -> report), run directory built aside."""
+    from prunefx.pipeline.backends.spec import run_spec
+    from prunefx.pipeline.config import PruneSpec, RunOptions
+    from prunefx.pipeline.runner import ONE_SHOT, Job
+    from prunefx.plan import PruningPlan
+    from prunefx.report import load_report, render_table
+
     console = Console()
     prune_spec = PruneSpec(criterion=criterion, plan=config, latency=latency)
     job = Job(prune=prune_spec, run=RunOptions(project=str(run_dir.parent), name=run_dir.name),

@@ -7,8 +7,6 @@ import typer
 from rich.console import Console
 
 from prunefx.errors import PrunefxError
-from prunefx.pipeline.rundir import check_finished
-from prunefx.report import load_report, render_table, write_report, write_report_html
 
 
 def report(
@@ -21,6 +19,9 @@ def report(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="On error, also print the traceback.")] = False,
 ) -> None:
     """Print the results table of the run in RUN_DIR, validating its report.json."""
+    from prunefx.pipeline.rundir import check_finished
+    from prunefx.report import load_report, render_table, write_report, write_report_html
+
     if not run_dir.is_dir():
         what = "does not exist" if not run_dir.exists() else "is a file, not a directory"
         raise PrunefxError(f"{run_dir} {what}; give the directory of a pruning run (the one holding report.json, "

@@ -53,6 +53,9 @@ EXPERIMENTS = {
     "latency_target": Experiment(
         "experiments.latency_target", "plans against measured latency vs FLOPs plans, torch and ONNX Runtime"
     ),
+    "import_time": Experiment(
+        "experiments.import_time", "fresh-process time of import torch, import prunefx and prunefx --help"
+    ),
 }
 
 

@@ -34,32 +34,14 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from prunefx._defaults import FORMS, TORCHVISION_DEFAULT_SIZE, TORCHVISION_SIZES, YOLO_DEFAULT_SIZE, YOLO_SIZES
 from prunefx.errors import PrunefxError, SpecError, UntrustedFileError
 
 Kind = Literal["torchvision", "ultralytics", "factory", "checkpoint"]
 
-FORMS = (
-    "torchvision:NAME (e.g. torchvision:resnet50), ultralytics:NAME.yaml (e.g. ultralytics:yolov8n.yaml), "
-    "a path to an ultralytics .pt checkpoint, or package.module:factory"
-)
 YOLO_STRIDE = 32  # YOLO feature maps are concatenated across strides up to 32 (64 for -p6 models)
-
-# torchvision's own evaluation sizes: 299 for the inception family, 224 for every other image model.
-_TORCHVISION_SIZES = {"inception_v3": 299, "quantized_inception_v3": 299}
-_TORCHVISION_DEFAULT_SIZE = 224
-# Ultralytics' default imgsz is 640 for every task; classifiers are trained and evaluated at 224.
-_YOLO_SIZES = {"classify": 224}
-_YOLO_DEFAULT_SIZE = 640
 # Heads that need text embeddings (open vocabulary) besides the image, which load_spec does not build.
 _TEXT_HEADS = ("World", "YOLOE")
-SIZES = (  # the defaults above in words, for help texts
-    f"{_TORCHVISION_DEFAULT_SIZE} for torchvision, {_TORCHVISION_SIZES['inception_v3']} for inception_v3, "
-    f"{_YOLO_DEFAULT_SIZE} for YOLO, {_YOLO_SIZES['classify']} for YOLO classifiers"
-)
-TRUST_HELP = (  # for --trust-checkpoint
-    "Unpickle checkpoints fully and evaluate model yamls as written (either can run any code the file holds): "
-    "only for files you made or trust. Default: weights-only loading, known layers and activations only."
-)
 _FACTORY = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 
 
@@ -101,7 +83,7 @@ def load_spec(
         model, size, channels = _checkpoint(Path(spec), imgsz, trust_checkpoint)
         kind = "checkpoint"
     elif _FACTORY.fullmatch(spec):
-        model, size, channels = _factory(spec), imgsz or _TORCHVISION_DEFAULT_SIZE, 3
+        model, size, channels = _factory(spec), imgsz or TORCHVISION_DEFAULT_SIZE, 3
         kind = "factory"
     else:
         raise SpecError(f"cannot read model SPEC '{spec}'. Use one of: {FORMS}.")
@@ -150,7 +132,7 @@ def _torchvision(name: str, imgsz: int | None) -> tuple[nn.Module, int, int]:
     # Segmentation builders default to an ImageNet backbone, which would be downloaded.
     if "weights_backbone" in inspect.signature(models.get_model_builder(name)).parameters:
         kwargs["weights_backbone"] = None
-    return models.get_model(name, **kwargs), imgsz or _TORCHVISION_SIZES.get(name, _TORCHVISION_DEFAULT_SIZE), 3
+    return models.get_model(name, **kwargs), imgsz or TORCHVISION_SIZES.get(name, TORCHVISION_DEFAULT_SIZE), 3
 
 
 # ---- ultralytics ------------------------------------------------------------------------------------
@@ -300,7 +282,7 @@ def _checkpoint(path: Path, imgsz: int | None, trust: bool) -> tuple[nn.Module, 
 
 
 def _yolo_size(model: nn.Module, task: str | None, imgsz: int | None, name: str) -> int:
-    size = imgsz or _YOLO_SIZES.get(task or "", _YOLO_DEFAULT_SIZE)
+    size = imgsz or YOLO_SIZES.get(task or "", YOLO_DEFAULT_SIZE)
     stride = int(max(getattr(model, "stride", torch.tensor([YOLO_STRIDE]))))
     if stride > YOLO_STRIDE:  # -p6 models downsample 64x
         _check_imgsz(size, stride, f"{name} (stride {stride})")

@@ -9,7 +9,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CORE = {"capture", "passes", "analysis", "importance", "plan", "transform", "verify", "checkpoint", "api"}
-BASE = {"errors", "_io", "_plugins", "_config", "_state"}
+BASE = {"errors", "_io", "_plugins", "_config", "_state", "_defaults"}
 # unit -> the units it may import (besides itself and BASE)
 ALLOWED: dict[str, set[str]] = {
     "capture": set(),

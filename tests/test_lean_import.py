@@ -49,3 +49,25 @@ assert callable(prunefx.verify) and prunefx.verify.__module__ == "prunefx.verify
 assert callable(prunefx.prune) and prunefx.VerifyResult is VerifyResult
 """
     subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True)
+
+
+def test_cli_help_imports_no_torch() -> None:
+    """``import prunefx.cli.main`` and ``prunefx [COMMAND] --help`` import no torch: commands import it to run."""
+    probe = """
+import contextlib, io, sys
+import prunefx.cli.main as cli
+assert "torch" not in sys.modules, "import prunefx.cli.main imported torch"
+for argv in (["--help"], ["analyze", "--help"], ["flops", "--help"], ["prune", "--help"], ["export", "--help"],
+             ["report", "--help"], ["data", "shapes", "--help"]):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        try:
+            cli.app(argv, prog_name="prunefx")
+        except SystemExit as exc:
+            assert exc.code == 0, (argv, exc.code, out.getvalue())
+    assert "Usage" in out.getvalue(), (argv, out.getvalue())
+heavy = sorted(m for m in ("torch", "torchvision", "numpy", "matplotlib", "ultralytics", "yaml") if m in sys.modules)
+assert not heavy, f"prunefx --help imported {heavy}"
+"""
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]

@@ -24,11 +24,11 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map_only
 
+from prunefx._defaults import ONNX_OPSET  # declared with the help texts' defaults (importable without torch)
 from prunefx.metrics.common import MetricsError, as_args, rejected, untouched
 
 BACKENDS = ("torch", "onnxruntime")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-ONNX_OPSET = 18  # the opset prunefx exports (TorchScript exporter, as ultralytics uses); ONNX Runtime 1.31 runs it
 _INSTALL_ORT = "pip install 'prunefx[deploy]' (or onnxruntime==1.31.1)"
 
 

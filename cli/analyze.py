@@ -4,10 +4,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 # Only light modules at the top (help texts included): each command imports torch and the library when it runs.
 from prunefx._defaults import FORMS, SIZES, TRUST_HELP
+from prunefx.cli._console import new_console
 
 
 def analyze(
@@ -34,7 +34,7 @@ def analyze(
 
     loaded = load_spec(spec, imgsz=imgsz, trust_checkpoint=trust_checkpoint)
     dg = prunefx.analyze(loaded.model, loaded.example_inputs)
-    console = Console()
+    console = new_console()
     console.print(dg.table(max_members=max_members))
     # Automatic leaves and ops without a rule explain most frozen groups, so they are named here.
     for name, why in dg.auto_leaves.items():

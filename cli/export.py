@@ -6,10 +6,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
 
 # Only light modules at the top (help texts included): each command imports torch and the library when it runs.
 from prunefx._defaults import FORMS, ONNX_OPSET, SIZES, TRUST_HELP
+from prunefx.cli._console import new_console
 from prunefx.errors import PrunefxError
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ def export(
             result = export_onnx(
                 loaded.model, loaded.example_inputs, target, opset=opset or ONNX_OPSET, dynamic_batch=dynamic_batch
             )
-    Console().print(f"[green]wrote {result.describe()}[/green]", soft_wrap=True)
+    new_console().print(f"[green]wrote {result.describe()}[/green]", soft_wrap=True)
 
 
 def _yolo(model, target: Path, imgsz: int, opset: int | None, dynamic: bool, trust: bool = False) -> "Exported":

@@ -6,11 +6,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 # Only light modules at the top (help texts included): each command imports torch and the library when it runs.
 from prunefx._defaults import FORMS, SIZES, TRUST_HELP
+from prunefx.cli._console import new_console
 
 ULTRALYTICS_CONVENTION = (
     "2 x GMACs of one 1 x C x imgsz x imgsz image counted by ultralytics-thop on the unfused model, "
@@ -99,7 +99,7 @@ def flops(
             f"{timing.threads} threads, {timing.device}, {timing.backend}: {timing.deployed}"
             + (f"; {timing.noise}" if timing.noise else ""),
         )
-    console = Console()
+    console = new_console()
     console.print(table)
     console.print(_breakdown(cost.per_module if by is By.module else cost.per_op, cost.macs, by, top))
     if cost.uncounted:

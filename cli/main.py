@@ -5,10 +5,10 @@ import warnings
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.text import Text
 from typer.core import TyperCommand
 
+from prunefx.cli._console import new_console
 from prunefx.errors import PrunefxError, TrustWarning
 from prunefx.integrations.ultralytics.env import setup_offline
 
@@ -38,7 +38,7 @@ class _Command(TyperCommand):
                 _show_trust_warnings()
                 return super().invoke(ctx)
         except (PrunefxError, OSError) as exc:
-            console = Console(stderr=True)
+            console = new_console(stderr=True)
             if ctx.params.get("verbose"):
                 console.out("".join(traceback.format_exception(exc)), highlight=False, end="")
             # soft_wrap: one line however narrow the terminal, so the error stays grep-able.
@@ -52,7 +52,7 @@ def _show_trust_warnings() -> None:
 
     def show(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
         if issubclass(category, TrustWarning):
-            Console(stderr=True).print(Text(f"warning: {message}", style="yellow"), soft_wrap=True)
+            new_console(stderr=True).print(Text(f"warning: {message}", style="yellow"), soft_wrap=True)
         else:
             default(message, category, *args, **kwargs)
 

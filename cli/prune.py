@@ -6,10 +6,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
 
 # Only light modules at the top (help texts included): each command imports torch and the library when it runs.
 from prunefx._defaults import FORMS, SIZES, TRUST_HELP
+from prunefx.cli._console import new_console
 from prunefx.cli.flops import Backend
 from prunefx.errors import PrunefxError
 
@@ -157,7 +157,7 @@ def _run_pipeline(ctx: typer.Context, path: str, overrides: list[str], trust_che
     from prunefx.pipeline import run_config
     from prunefx.report import load_report, render_table
 
-    console = Console()
+    console = new_console()
     run = run_config(path, overrides, log=console.print)
     console.print(render_table(load_report(run.root)))
     console.print(f"[green]report: {run.root / 'report.md'}[/green] (weights: {run.root / 'weights'})")
@@ -206,7 +206,7 @@ def _prune_once(
     from prunefx.plan import PruningPlan
     from prunefx.report import load_report, render_table
 
-    console = Console()
+    console = new_console()
     prune_spec = PruneSpec(criterion=criterion, plan=config, latency=latency)
     job = Job(prune=prune_spec, run=RunOptions(project=str(run_dir.parent), name=run_dir.name),
               config={"spec": spec, "prune": prune_spec.to_dict()}, stages=ONE_SHOT)

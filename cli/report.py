@@ -4,8 +4,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
+from prunefx.cli._console import new_console
 from prunefx.errors import PrunefxError
 
 
@@ -28,7 +28,7 @@ def report(
                            "e.g. runs/prune/yolo)")
     check_finished(run_dir)  # a run (it has a state.json) counts only once its last stage finished
     data = load_report(run_dir)
-    console = Console()
+    console = new_console()
     console.print(render_table(data))
     if write:
         for path in write_report(run_dir, data):

@@ -51,3 +51,18 @@ def noisy_cnn() -> nn.Module:
     """tiny_cnn followed by Noise: prunefx prune must refuse it (VerificationError) and write no model."""
     prunefx.register_leaf(Noise)
     return nn.Sequential(tiny_cnn(), Noise())
+
+
+def long_names() -> nn.Module:
+    """tiny_cnn's layers under long nested names: its member labels are longer than an 80-column line."""
+    stage = nn.Sequential()
+    stage.add_module("first_convolution_with_a_long_descriptive_name", nn.Conv2d(3, 8, 3, padding=1))
+    stage.add_module("batch_normalisation_after_the_first_convolution", nn.BatchNorm2d(8))
+    stage.add_module("activation", nn.ReLU())
+    stage.add_module("second_convolution_with_a_long_descriptive_name", nn.Conv2d(8, 16, 3, stride=2))
+    model = nn.Sequential()
+    model.add_module("encoder_stage_number_one_of_the_feature_extractor", stage)
+    model.add_module("pool", nn.AdaptiveAvgPool2d(1))
+    model.add_module("flatten", nn.Flatten())
+    model.add_module("classifier_head_projecting_to_the_ten_classes", nn.Linear(16, 10))
+    return model

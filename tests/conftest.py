@@ -37,10 +37,11 @@ def _seed():
     torch.manual_seed(0)
 
 
-# Slow tests run in the same command as the rest, while a wall-clock budget lasts (CI has 90 minutes
-# for install + tests); past it they are skipped with a reason, never silently dropped.
+# Slow tests run in the same command as the rest, while a wall-clock budget lasts (CI has 90 minutes for install
+# (~10) + tests, and a slow test started near the end may take a few more); past it they are skipped with a reason,
+# never silently dropped. On a quiet 2-core machine the whole suite needs well under the budget.
 _START = __import__("time").monotonic()
-_SLOW_BUDGET_S = float(os.environ.get("PRUNEFX_SLOW_BUDGET_S", 40 * 60))
+_SLOW_BUDGET_S = float(os.environ.get("PRUNEFX_SLOW_BUDGET_S", 60 * 60))
 
 
 def pytest_runtest_setup(item):

@@ -224,7 +224,7 @@ def test_bad_inputs_exit_2_without_a_finished_looking_run(tmp_path: Path, checkp
         assert result.exit_code == 2 and message in result.output.replace("\n", ""), result.output
     assert not (tmp_path / "bad").exists()
     met = _prune(*base, "prune.target.flops=1.0", "name=met")  # keeps everything: refused before any work
-    assert met.exit_code == 2 and "keeps the whole model" in met.output.replace("\n", ""), met.output
+    assert met.exit_code == 2 and "keeps every channel" in met.output.replace("\n", ""), met.output
     assert not (tmp_path / "met").exists()
     wrong_nc = tmp_path / "wrong.yaml"
     wrong_nc.write_text(data_yaml.read_text().replace("3: cross", "3: cross\n  4: ring"))

@@ -12,7 +12,7 @@ import math
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +49,6 @@ def make_shapes_dataset(
     size_range: tuple[float, float] = (0.15, 0.35),
 ) -> Path:
     """Create (or reuse) a YOLO-format shapes dataset at ``root`` and return the path of its ``data.yaml``."""
-    root = Path(root).absolute()
     classes = tuple(classes)
     unknown = [c for c in classes if c not in SHAPE_COLORS]
     if unknown or not classes or len(set(classes)) != len(classes):
@@ -71,6 +70,18 @@ def make_shapes_dataset(
         "objects_per_image": [lo, hi],
         "size_range": [float(size_range[0]), float(size_range[1])],
     }
+    return write_yolo_dataset(root, params, None)
+
+
+def write_yolo_dataset(
+    root: Path, params: dict[str, Any], draw: Callable[[np.random.Generator, dict[str, Any]], Any] | None
+) -> Path:
+    """Create (or reuse) the dataset ``params`` describes at ``root``, one ``draw(rng, params)`` call per image.
+
+    ``params`` must hold n_train, n_val, seed and classes; it is the manifest's identity (a directory made with
+    other params is never reused). ``draw`` None: this module's shapes (looked up at call time).
+    """
+    root = Path(root).absolute()
     if _reusable(root, params):
         return root / "data.yaml"
     if root.exists() and any(root.iterdir()):
@@ -80,7 +91,7 @@ def make_shapes_dataset(
     tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=root.parent))
     tmp.chmod(0o755)  # mkdtemp makes it private; the renamed dataset should read like any other directory
     try:
-        _write_dataset(tmp, root, params)
+        _write_dataset(tmp, root, params, draw or _draw_image)
         try:
             os.replace(tmp, root)  # atomic; replaces only an absent or empty directory
         except OSError:
@@ -100,14 +111,14 @@ def _reusable(root: Path, params: dict[str, Any]) -> bool:
         return False
 
 
-def _write_dataset(tmp: Path, final: Path, params: dict[str, Any]) -> None:
+def _write_dataset(tmp: Path, final: Path, params: dict[str, Any], draw: Callable[..., Any]) -> None:
     """Write every image and label into ``tmp``; ``data.yaml`` names ``final``, where it will live."""
     for split, n in (("train", params["n_train"]), ("val", params["n_val"])):
         (tmp / "images" / split).mkdir(parents=True)
         (tmp / "labels" / split).mkdir(parents=True)
         for i in range(n):
             rng = np.random.default_rng([params["seed"], _SPLITS[split], i])
-            image, labels = _draw_image(rng, params)
+            image, labels = draw(rng, params)
             ok, buf = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, _JPEG_QUALITY])
             if not ok:
                 raise RuntimeError("cv2 could not encode a JPEG")
@@ -116,7 +127,7 @@ def _write_dataset(tmp: Path, final: Path, params: dict[str, Any]) -> None:
             (tmp / "labels" / split / f"{i:06d}.txt").write_text(lines)
     names = "".join(f"  {i}: {name}\n" for i, name in enumerate(params["classes"]))
     (tmp / "data.yaml").write_text(
-        f"# prunefx synthetic shapes dataset; regenerate with prunefx.data.make_shapes_dataset\n"
+        f"# prunefx synthetic detection dataset ({params.get('kind', 'shapes')}); regenerate with prunefx.data\n"
         f"path: {json.dumps(str(final))}\ntrain: images/train\nval: images/val\nnames:\n{names}"
     )
     # Written last: its presence marks the directory as complete.

@@ -94,6 +94,7 @@ def test_shipped_yolo_config_validates_and_keeps_prunefx_keys_from_ultralytics()
         (["prune.target.params=0"], r"params must be in \(0, 1\]"),
         (["prune.data.n_images=5"], r"prune.data .*'n_images'"),
         (["prune.data.n_train=0"], r"prune.data.n_train must be an integer >= 1"),
+        (["prune.data.hard=3"], r"prune.data.hard must be true or false"),
         (["task=segment"], "task=segment but yolov8n.yaml is a detect model"),
         (["model=yolov8n-seg.yaml"], "embedded synthetic dataset is for detection"),
     ],

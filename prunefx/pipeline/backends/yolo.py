@@ -33,7 +33,8 @@ from prunefx.train.distributed import LOCAL
 from prunefx.train.sparsity import SparsityConfig
 
 # The embedded dataset (used when `data` is null): prunefx's synthetic shapes set; prune.data tunes it.
-SYNTHETIC_DEFAULTS = {"n_train": 384, "n_val": 96, "imgsz": 128, "seed": 0}
+# hard: true picks the hard set (prunefx.data.detection_hard: 20 classes, small occluded objects, decoys).
+SYNTHETIC_DEFAULTS = {"n_train": 384, "n_val": 96, "imgsz": 128, "seed": 0, "hard": False}
 # Where each role's weights live; fine-tuning also keeps the trainer's last epoch as last.pt.
 _FILES = {"baseline": "baseline.pt", "sparse": "sparse.pt", "pruned": "pruned.pt", "finetuned": "best.pt"}
 _TRAIN_DIRS = {"baseline": "baseline", "sparse": "sparsity", "finetuned": "finetune"}  # train/<stage>/
@@ -69,6 +70,10 @@ class YoloJob(Job):
         synthetic = prune_block.pop("data", None) or {}
         check_keys(synthetic, SYNTHETIC_DEFAULTS, "prune.data (the embedded synthetic dataset)")
         for key, value in synthetic.items():
+            if key == "hard":
+                if not isinstance(value, bool):
+                    raise ConfigError(f"prune.data.hard must be true or false, got {value!r}")
+                continue
             least = 32 if key == "imgsz" else 0 if key == "seed" else 1
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ConfigError(f"prune.data.{key} must be an integer >= {least}, got {value!r}")
@@ -223,13 +228,15 @@ def resolve_data(job: YoloJob, log: Callable[[str], None] = print) -> str:
     if job.data is not None:
         return str(Path(job.data).absolute())
     from prunefx.data.detection import make_shapes_dataset
+    from prunefx.data.detection_hard import make_hard_shapes_dataset
     from prunefx.integrations.ultralytics.env import default_config_dir
 
     params = dict(job.synthetic)
+    hard = params.pop("hard", False)
     digest = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:10]
-    root = default_config_dir().parent / "datasets" / f"shapes-{digest}"
-    log(f"data: the embedded synthetic shapes dataset {params} at {root}")
-    return str(make_shapes_dataset(root, **params))
+    root = default_config_dir().parent / "datasets" / f"shapes{'-hard' if hard else ''}-{digest}"
+    log(f"data: the embedded synthetic {'hard ' if hard else ''}shapes dataset {params} at {root}")
+    return str((make_hard_shapes_dataset if hard else make_shapes_dataset)(root, **params))
 
 
 def evaluate_yolo(

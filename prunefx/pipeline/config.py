@@ -11,7 +11,8 @@ onto ``PlanConfig(flops=0.5)``; the stage keys beside each config's own)::
       target: {flops: 0.5}           # exactly one of ratio / flops / params (default: PlanConfig's)
       scope: global                  # and any other PlanConfig field: round_to, ignore, max_ratio, ...
       sparsity: {epochs: 0, start: baseline, s: 1.0e-4, schedule: constant, ...}   # + training keys
-      finetune: {epochs: 10}         # plus any training key, overriding the top level for fine-tuning
+      finetune: {epochs: 10, distill: false}   # plus any training key, overriding the top level for fine-tuning
+      controls: []                   # narrow, scratch: models trained from scratch beside the pruned one
 
 >>> raw = load_config("configs/yolo.yaml", ["epochs=3", "prune.target.flops=0.4"])
 >>> spec = PruneSpec.parse(raw["prune"], train_keys=ultralytics_keys())
@@ -32,6 +33,7 @@ from prunefx._config import ConfigError, check_fields, check_keys, field_names, 
 from prunefx.importance import CRITERIA
 from prunefx.plan import PlanConfig
 from prunefx.plan.config import TARGETS  # PlanConfig's alternative targets, written `target: {flops: 0.5}`
+from prunefx.train.distill import DistillConfig
 from prunefx.train.sparsity import SparsityConfig
 
 # Target keys are alternatives: an override of one replaces the others (``prune.target.flops=0.4`` on a config
@@ -129,6 +131,22 @@ class SparsityStage(StageSpec):
 
 
 _STAGE_KEYS = ("epochs", "start")
+_DISTILL_KEYS = {"distill": "enabled", "distill_temperature": "temperature", "distill_weight": "weight"}
+
+
+@dataclass(frozen=True)
+class FinetuneStage(StageSpec):
+    """Fine-tuning of the pruned model, optionally distilling the unpruned (baseline) model's outputs."""
+
+    distill: bool = False  # logits KD (classification) / output KD (YOLO) from the baseline; see prunefx.train.distill
+    distill_config: DistillConfig = DistillConfig()
+
+
+# The controls: models of the pruned model's budget trained from scratch beside it, for the report's verdict.
+# narrow: the uniformly narrower model (every prunable group kept at one common fraction, solved so its FLOPs
+# equal the pruned model's), trained for the total epochs (baseline + sparsity + fine-tune) and for the
+# fine-tune epochs; scratch: the pruned architecture re-initialised, trained for the total epochs.
+CONTROLS = ("narrow", "scratch")
 
 
 @dataclass(frozen=True)
@@ -138,7 +156,8 @@ class PruneSpec:
     criterion: str = "bn_scale"  # a registered importance (prunefx.importance.CRITERIA)
     plan: PlanConfig = field(default_factory=PlanConfig)
     sparsity: SparsityStage = SparsityStage()
-    finetune: StageSpec = StageSpec()
+    finetune: FinetuneStage = FinetuneStage()
+    controls: tuple[Literal["narrow", "scratch"], ...] = ()  # CONTROLS trained from scratch for the verdict
     bias_compensation: bool | None = None  # default: on for bn_scale
     verify: bool = True  # the oracle: the pruned model equals the masked original
     latency: bool = True  # time the models for the report
@@ -146,6 +165,8 @@ class PruneSpec:
     def __post_init__(self) -> None:
         if self.criterion not in CRITERIA:
             check_keys([self.criterion], CRITERIA, "prune.criterion", what="value")
+        if len(set(self.controls)) != len(self.controls):
+            raise ConfigError(f"prune.controls lists a control twice: {list(self.controls)}")
 
     @classmethod
     def parse(cls, block: Any, *, train_keys: Iterable[str]) -> PruneSpec:
@@ -181,15 +202,22 @@ class PruneSpec:
     def to_dict(self) -> dict[str, Any]:
         """The ``prune:`` block as YAML writes it: ``PruneSpec.parse(spec.to_dict(), ...) == spec``."""
         plan = {k: v for k, v in to_dict(self.plan).items() if k not in TARGETS}
-        own = {k: getattr(self, k) for k in field_names(type(self)) if k not in ("plan", "sparsity", "finetune")}
+        own = {k: list(v) if isinstance(v := getattr(self, k), tuple) else v
+               for k in field_names(type(self)) if k not in ("plan", "sparsity", "finetune")}
         sp = self.sparsity
         return {
             **own,
             "target": self.target,
             **plan,
             "sparsity": {"epochs": sp.epochs, "start": sp.start, **to_dict(sp.config), **sp.overrides},
-            "finetune": {"epochs": self.finetune.epochs, **self.finetune.overrides},
+            "finetune": {"epochs": self.finetune.epochs, **_distill_keys(self.finetune), **self.finetune.overrides},
         }
+
+
+def _distill_keys(ft: FinetuneStage) -> dict[str, Any]:
+    """The fine-tuning block's distillation keys, as YAML writes them."""
+    return {key: (ft.distill if name == "enabled" else getattr(ft.distill_config, name))
+            for key, name in _DISTILL_KEYS.items()}
 
 
 def _stage(block: Any, where: str, train_keys: set[str], *, sparsity: bool) -> StageSpec:
@@ -197,23 +225,28 @@ def _stage(block: Any, where: str, train_keys: set[str], *, sparsity: bool) -> S
     block = {} if block is None else block
     if not isinstance(block, Mapping):
         raise ConfigError(f"{where} must be a block of keys (epochs, ...), got {block!r}")
-    own = (*_STAGE_KEYS, *field_names(SparsityConfig)) if sparsity else ("epochs",)
+    own = (*_STAGE_KEYS, *field_names(SparsityConfig)) if sparsity else ("epochs", *_DISTILL_KEYS)
     check_keys(block, {*own, *train_keys}, where)
     overrides = {k: v for k, v in block.items() if k not in own}
     epochs = from_dict(StageSpec, {"epochs": block.get("epochs", 0)}, where).epochs
     if epochs < 0:
         raise ConfigError(f"{where}.epochs must be >= 0 (0 skips the stage), got {epochs}")
     if not sparsity:
-        return StageSpec(epochs, overrides)
+        distill = from_dict(FinetuneStage, {"distill": block.get("distill", False)}, where).distill
+        config = from_dict(DistillConfig, {name: block[key] for key, name in _DISTILL_KEYS.items()
+                                           if key in block and name != "enabled"}, where)
+        return FinetuneStage(epochs, overrides, distill=distill, distill_config=config)
     config = from_dict(SparsityConfig, {k: v for k, v in block.items() if k in field_names(SparsityConfig)}, where)
     start = from_dict(SparsityStage, {"start": block.get("start", "baseline")}, where).start
     return SparsityStage(epochs, overrides, start=start, config=config)
 
 
 __all__ = [
+    "CONTROLS",
     "RUN_KEYS",
     "TARGETS",
     "ConfigError",
+    "FinetuneStage",
     "PruneSpec",
     "RunOptions",
     "SparsityStage",

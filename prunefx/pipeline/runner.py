@@ -34,17 +34,22 @@ from prunefx.metrics import Deployment
 from prunefx.pipeline.config import PruneSpec, RunOptions, StageSpec
 from prunefx.pipeline.diagnose import score_warnings, sparsity_warnings
 from prunefx.pipeline.rundir import RunDir
-from prunefx.plan import PruningPlan
+from prunefx.plan import PlanConfig, PruningPlan
 from prunefx.plan.config import TARGETS
 from prunefx.train.distributed import DistContext
 from prunefx.train.sparsity import SparsityConfig, sparsity_stats
 
-STAGES = ("baseline", "sparsity", "prune", "finetune", "report")
+STAGES = ("baseline", "sparsity", "prune", "finetune", "controls", "report")
 ONE_SHOT = ("baseline", "prune", "report")  # `prunefx prune SPEC`: nothing trained
-_EVERY_RANK = frozenset({"baseline", "sparsity", "finetune"})  # training runs in every rank, the rest in rank 0
+# training runs in every rank, the rest in rank 0
+_EVERY_RANK = frozenset({"baseline", "sparsity", "finetune", "controls"})
 
-Role = Literal["baseline", "sparse", "pruned", "finetuned"]
-Start = Literal["init", "baseline", "pruned"]  # init: the baseline's initialisation (seeded), not trained
+# narrow / narrow_ft / scratch: the controls (see prunefx.pipeline.config.CONTROLS); *_init their untrained start
+Role = Literal["baseline", "sparse", "pruned", "finetuned", "narrow", "narrow_ft", "scratch", "narrow_init",
+               "scratch_init"]
+# init: the baseline's initialisation (seeded), not trained; any other: the saved model of that role
+Start = Literal["init", "baseline", "pruned", "narrow_init", "scratch_init"]
+NARROW_TOLERANCE = 0.03  # the narrow control's MACs match the pruned model's within this fraction
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,9 @@ class Backend(Protocol):
     def from_checkpoint(self) -> nn.Module:
         """The model in ``checkpoint``, in every rank."""
 
+    def fresh(self) -> nn.Module:
+        """An untrained model of the architecture, initialised (seeded) as its family initialises it (controls)."""
+
     def train(self, out: Role, start: Start, stage: StageSpec, sparsity: SparsityConfig | None) -> Trained:
         """Train from ``start`` for ``stage.epochs`` and save the result as ``out`` (rank 0 writes)."""
 
@@ -100,6 +108,10 @@ class Backend(Protocol):
 
     def settings(self) -> dict[str, Any]:
         """The backend's part of the report's settings (data, how metrics were measured, ...)."""
+
+    @property
+    def primary_metric(self) -> str:
+        """The metric the verdict compares (higher is better): ``map50_95``, ``top1``."""
 
 
 @dataclass(frozen=True)
@@ -186,7 +198,7 @@ def execute(job: Job, backend: Backend, run: RunDir | None, *, log: Callable[[st
     backend.root = root
     ctx = _Ctx(job, backend, run, root, log)
     stages = {"baseline": _baseline, "sparsity": _sparsity, "prune": _prune, "finetune": _finetune,
-              "report": _report}
+              "controls": _controls, "report": _report}
     n = len(job.stages)
     for i, name in enumerate(job.stages, 1):
         if name in done:
@@ -317,6 +329,128 @@ def _finetune(ctx: _Ctx, info: dict[str, Any]) -> None:
     info["metrics"] = b.evaluate("finetuned", trained.model)
 
 
+def control_runs(spec: PruneSpec, baseline_epochs: int) -> list[tuple[Role, Start, int]]:
+    """The control trainings of ``spec``: (role, start, epochs); total = baseline + sparsity + fine-tune epochs."""
+    total = baseline_epochs + spec.sparsity.epochs + spec.finetune.epochs
+    runs: list[tuple[Role, Start, int]] = []
+    if "narrow" in spec.controls:
+        runs.append(("narrow", "narrow_init", total))
+        if spec.finetune.epochs:
+            runs.append(("narrow_ft", "narrow_init", spec.finetune.epochs))
+    if "scratch" in spec.controls:
+        runs.append(("scratch", "scratch_init", total))
+    return runs
+
+
+def narrow_model(fresh: nn.Module, inputs: tuple[torch.Tensor, ...], macs_goal: int,
+                 base: PlanConfig) -> tuple[nn.Module, PruningPlan, int]:
+    """``fresh`` made uniformly narrower (every prunable group keeps one common fraction) until its MACs are
+    ``macs_goal`` within NARROW_TOLERANCE; returns the model, its plan and its MACs (the closest found).
+
+    The fraction is bisected against measured MACs (the planner's estimate ignores rounding and frozen groups).
+    With ``base.round_to`` > 1 one common fraction may not reach the goal (a 64-wide stem moves in 12.5% steps);
+    then widths are kept exact (round_to 1), which a uniform width multiple needs to match a budget.
+    """
+    best: tuple[nn.Module, PruningPlan, int] | None = None
+    for round_to in dict.fromkeys((base.round_to, 1)):
+        found = _bisect_uniform(fresh, inputs, macs_goal, replace(base, round_to=round_to))
+        if best is None or abs(found[2] / macs_goal - 1) < abs(best[2] / macs_goal - 1):
+            best = found
+        if abs(best[2] / macs_goal - 1) <= NARROW_TOLERANCE:
+            break
+    assert best is not None
+    return best
+
+
+def _bisect_uniform(fresh: nn.Module, inputs: tuple[torch.Tensor, ...], macs_goal: int,
+                    base: PlanConfig) -> tuple[nn.Module, PruningPlan, int]:
+    import copy
+
+    from prunefx import prune
+    from prunefx.metrics import measure
+
+    lo, hi, target = 0.0, 1.0, macs_goal / measure(fresh, inputs).macs
+    best: tuple[nn.Module, PruningPlan, int] | None = None
+    for _ in range(10):  # bisection on the planner's FLOPs knob against measured MACs (monotone in the knob)
+        config = replace(base, **{**dict.fromkeys(TARGETS), "flops": min(1.0, max(1e-3, target))}, scope="local",
+                         max_ratio=max(base.max_ratio, 0.95))
+        result = prune(copy.deepcopy(fresh), inputs, config, criterion="l1", check=False, bias_compensation=False)
+        macs = measure(result.model, inputs).macs
+        if best is None or abs(macs / macs_goal - 1) < abs(best[2] / macs_goal - 1):
+            best = (result.model, result.plan, macs)
+        if abs(macs / macs_goal - 1) <= NARROW_TOLERANCE / 3:
+            break
+        lo, hi = (lo, target) if macs > macs_goal else (target, hi)
+        if hi - lo < 0.01:  # the knob's steps are coarser than this: rounding decides, not the knob
+            break
+        target = (lo + hi) / 2
+    assert best is not None
+    return best
+
+
+def _controls(ctx: _Ctx, info: dict[str, Any]) -> None:
+    from prunefx import analyze
+    from prunefx.metrics import measure
+    from prunefx.transform import apply_plan
+
+    spec, b = ctx.job.prune, ctx.backend
+    if not spec.controls:
+        info["skipped"] = "prune.controls is empty"
+        return
+    runs = control_runs(spec, b.baseline_epochs)
+    x = b.example_inputs()
+    if b.dist.is_main:  # the controls' untrained starts, saved for every rank (and for the record)
+        pruned = b.load("pruned")
+        plan = PruningPlan.from_json((ctx.root / "plan.json").read_text())
+        goal = measure(pruned, x).macs
+        info["pruned_macs"] = goal
+        if "narrow" in spec.controls:
+            model, narrow_plan, macs = narrow_model(b.fresh(), x, goal, spec.plan)
+            b.save(model, "narrow_init", narrow_plan)
+            kept = [g.after / g.before for g in narrow_plan.groups if g.before]
+            info["narrow"] = {"macs": macs, "macs_vs_pruned": macs / goal,
+                              "kept_fraction": float(np.median(kept)) if kept else 1.0}
+            if abs(macs / goal - 1) > NARROW_TOLERANCE:
+                info["warnings"] = [f"the narrow control's MACs are {macs / goal - 1:+.1%} off the pruned model's "
+                                    f"(rounding: round_to={spec.plan.round_to}); the verdict compares unequal budgets"]
+        if "scratch" in spec.controls:
+            fresh = b.fresh()
+            dg = analyze(fresh, tuple(torch.zeros(s) for s in plan.input_shapes))
+            b.save(apply_plan(fresh, dg, plan), "scratch_init", plan)
+    results: dict[str, Any] = {}
+    for role, start, epochs in runs:
+        ctx.log(f"  control {role}: from scratch ({start}) for {epochs} epochs")
+        trained = b.train(role, start, StageSpec(epochs), None)
+        metrics = b.evaluate(role, trained.model)
+        results[role] = {"start": start, "epochs": epochs, "metrics": metrics, "history": list(trained.history)}
+    info["runs"] = results
+
+
+_CONTROL_WHAT = {
+    "narrow": "uniformly narrower, from scratch, total epochs",
+    "narrow_ft": "uniformly narrower, from scratch, fine-tune epochs",
+    "scratch": "pruned architecture re-initialised, from scratch, total epochs",
+}
+
+
+def _control_rows(ctx: _Ctx, x: tuple[torch.Tensor, ...]) -> dict[str, Any] | None:
+    """The controls' block of the report: each trained control measured like the stages, with its metrics."""
+    from prunefx.metrics import measure
+    from prunefx.report import Stage
+
+    done = ctx.done("controls")
+    if not ctx.ran("controls") or not done.get("runs"):
+        return None
+    b, spec = ctx.backend, ctx.job.prune
+    rows = []
+    for role, run in done["runs"].items():
+        model = b.load(role).cpu().eval()
+        rows.append((role, _CONTROL_WHAT[role], run["epochs"],
+                     Stage(measure(model, x), None, {**run["metrics"], **b.extra_costs(model)})))
+    total = b.baseline_epochs + spec.sparsity.epochs + spec.finetune.epochs
+    return {"metric": b.primary_metric, "total_epochs": total, "finetune_epochs": spec.finetune.epochs, "runs": rows}
+
+
 def _report(ctx: _Ctx, info: dict[str, Any]) -> None:
     from prunefx.metrics import compare_latency, measure
     from prunefx.report import Stage, build_report, write_report
@@ -346,14 +480,15 @@ def _report(ctx: _Ctx, info: dict[str, Any]) -> None:
         **({"latency_target": pr["latency_target"]} if pr.get("latency_target") else {}),
         **b.settings(),
     }
-    warnings = [w for s in ("sparsity", "prune") for w in ctx.done(s).get("warnings", ())]
+    warnings = [w for s in ("sparsity", "prune", "controls") for w in ctx.done(s).get("warnings", ())]
     report = build_report(model=b.name, baseline=stages["baseline"], pruned=stages["pruned"],
                           finetuned=stages.get("finetuned"), settings=settings, warnings=warnings,
-                          widths=[(w["name"], w["before"], w["after"]) for w in pr["widths"]])
+                          widths=[(w["name"], w["before"], w["after"]) for w in pr["widths"]],
+                          controls=_control_rows(ctx, x))
     write_report(ctx.root, report)
     info["macs_kept"] = report["stages"]["pruned"]["macs"] / report["stages"]["baseline"]["macs"]
     info["files"] = sorted(p.name for p in ctx.root.iterdir() if p.is_file())
 
 
-__all__ = ["ONE_SHOT", "STAGES", "Backend", "Job", "Trained", "check_target", "execute",
-           "nothing_to_prune", "open_run", "preflight", "resume_hint"]
+__all__ = ["NARROW_TOLERANCE", "ONE_SHOT", "STAGES", "Backend", "Job", "Trained", "check_target", "control_runs",
+           "execute", "narrow_model", "nothing_to_prune", "open_run", "preflight", "resume_hint"]

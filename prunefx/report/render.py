@@ -9,6 +9,7 @@ from typing import Any
 from rich.table import Table
 
 from prunefx.report.plots import shared_metrics
+from prunefx.report.verdict import verdict
 
 _COST_COLUMNS = ("GMACs", "GFLOPs", "params (M)", "size (MB)", "latency ms: median [p10, p90]", "batch", "threads")
 
@@ -123,7 +124,20 @@ def render_markdown(report: Mapping[str, Any], plots: Sequence[str] = ()) -> str
     lines += ["", "## Machine", "", *(f"- {k}: {v}" for k, v in report["machine"].items())]
     if report["settings"]:
         lines += ["", "## Settings", "", "```json", json.dumps(report["settings"], indent=2), "```"]
+    lines += _controls_section(report)
     return "\n".join(lines) + "\n"
+
+
+def _controls_section(report: Mapping[str, Any]) -> list[str]:
+    """The controls' table and, last in report.md, the verdict drawn from the report's numbers."""
+    controls = report.get("controls")
+    if not controls or not controls.get("runs"):
+        return []
+    metrics = list(dict.fromkeys(k for r in controls["runs"] for k in r["metrics"]))
+    rows = [[r["name"], r["what"], str(r["epochs"]), f"{r['flops'] / 1e9:.4g}", f"{r['params'] / 1e6:.4g}",
+             *(f"{r['metrics'][k]:.4g}" if k in r["metrics"] else "-" for k in metrics)] for r in controls["runs"]]
+    header = ["control", "what", "epochs", "GFLOPs", "params (M)", *metrics]
+    return ["", "## Controls", "", *_md_table(header, rows), "", "## Verdict", "", *verdict(report)]
 
 
 def _timing_line(timing: Mapping[str, Any] | None) -> list[str]:

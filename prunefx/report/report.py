@@ -132,6 +132,29 @@ class SweepRow:
 
 
 @dataclass(frozen=True)
+class ControlRow:
+    """One control: a model of the pruned model's budget trained from scratch (see ``prune.controls``)."""
+
+    name: str  # narrow (total epochs), narrow_ft (fine-tune epochs), scratch (pruned architecture, total epochs)
+    what: str
+    epochs: int
+    macs: int
+    flops: int
+    params: int
+    metrics: dict[str, float]
+
+
+@dataclass(frozen=True)
+class Controls:
+    """The controls of a run and the budget they were given, for the verdict."""
+
+    metric: str  # the metric the verdict compares (higher is better)
+    total_epochs: int  # baseline + sparsity + fine-tune
+    finetune_epochs: int
+    runs: tuple[ControlRow, ...]
+
+
+@dataclass(frozen=True)
 class Report:
     """A whole report.json; ``Report.from_dict(d)`` validates ``d`` and ``to_dict`` writes it back."""
 
@@ -147,6 +170,7 @@ class Report:
     widths: tuple[Width, ...] = ()
     sweep: tuple[SweepRow, ...] = ()
     warnings: tuple[str, ...] = ()
+    controls: Controls | None = None  # models of the same budget trained from scratch; report.md ends with a verdict
 
     def __post_init__(self) -> None:
         if self.schema != SCHEMA:
@@ -243,11 +267,13 @@ def build_report(
     sweep: Sequence[SweepPoint] = (),
     settings: Mapping[str, Any] | None = None,
     warnings: Sequence[str] = (),
+    controls: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Assemble a validated ``report.json`` dict (schema in this module's docstring) from plain data.
 
     ``widths`` holds ``(name, before, after)`` per pruned group; ``settings`` (JSON-able) is stored as is;
     ``warnings`` are sentences about what the numbers cannot support (report.md lists them first).
+    ``controls``: ``{"metric", "total_epochs", "finetune_epochs", "runs": [(name, what, epochs, Stage), ...]}``.
 
     >>> build_report(model="resnet50", baseline=Stage(measure(m0, x)), pruned=Stage(measure(m1, x)))
     """
@@ -282,6 +308,16 @@ def build_report(
         ],
         "warnings": [str(w) for w in warnings],
     }
+    if controls is not None:
+        report["controls"] = {
+            "metric": str(controls["metric"]),
+            "total_epochs": int(controls["total_epochs"]),
+            "finetune_epochs": int(controls["finetune_epochs"]),
+            "runs": [{"name": name, "what": what, "epochs": int(epochs), "macs": st.measurement.macs,
+                      "flops": st.measurement.flops, "params": st.measurement.params,
+                      "metrics": {k: float(v) for k, v in st.metrics.items()}}
+                     for name, what, epochs, st in controls["runs"]],
+        }
     try:
         json.dumps(report["settings"], allow_nan=False)
     except (TypeError, ValueError) as exc:

@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from prunefx._config import check_fields, field_names, from_dict, to_dict
 from prunefx._io import atomic_torch_save
 from prunefx.errors import PrunefxError
+from prunefx.train.distill import DistillConfig, classification_loss
 from prunefx.train.distributed import LOCAL, DistContext
 from prunefx.train.sparsity import BNSparsity, SparsityConfig, sparsity_stats
 
@@ -206,13 +207,18 @@ def evaluate(model: nn.Module, dataset: Dataset, *, batch: int = 256, dist: Dist
 def fit(model: nn.Module, train: Dataset, cfg: TrainConfig, *, val: Dataset | None = None,
         dist: DistContext = LOCAL, checkpoint: Path | None = None, sparsity: SparsityConfig | None = None,
         log: Callable[[str], None] = print, progress: bool | None = None,
-        on_epoch: Callable[[int, dict[str, Any]], None] | None = None) -> FitResult:
+        on_epoch: Callable[[int, dict[str, Any]], None] | None = None, teacher: nn.Module | None = None,
+        distill: DistillConfig | None = None) -> FitResult:
     """Train ``model`` (in place, on ``dist.device``) for ``cfg.epochs``; see the module docstring.
 
     ``checkpoint``: after every epoch rank 0 writes the full training state there (atomically); if the file
     exists when called, training continues after its last epoch. ``on_epoch(epoch, row)`` runs after each
-    epoch's checkpoint (tests use it to interrupt a run).
+    epoch's checkpoint (tests use it to interrupt a run). ``teacher``: a frozen model whose logits the loss
+    distils (``distill``, default :class:`DistillConfig`); every rank runs its own copy.
     """
+    if teacher is not None:
+        teacher = teacher.to(dist.device).eval().requires_grad_(False)
+        distill = distill or DistillConfig()
     model.to(dist.device)
     module = model
     if dist.distributed:
@@ -236,7 +242,7 @@ def fit(model: nn.Module, train: Dataset, cfg: TrainConfig, *, val: Dataset | No
     try:
         for epoch in range(start, cfg.epochs):
             row = _train_epoch(model, module, train, sampler, opt, reg, cfg, dist, epoch, per_rank, drop_last,
-                               steps_per_epoch, total, warmup, show)
+                               steps_per_epoch, total, warmup, show, teacher, distill)
             if val is not None:
                 row |= {f"val_{k}": v for k, v in evaluate(module, val, batch=cfg.eval_batch, dist=dist,
                                                            workers=cfg.workers).to_dict().items() if k != "n"}
@@ -260,7 +266,7 @@ def fit(model: nn.Module, train: Dataset, cfg: TrainConfig, *, val: Dataset | No
 def _train_epoch(model: nn.Module, module: nn.Module, train: Dataset, sampler: DistributedSampler,
                  opt: torch.optim.Optimizer, reg: BNSparsity | None, cfg: TrainConfig, dist: DistContext,
                  epoch: int, per_rank: int, drop_last: bool, steps_per_epoch: int, total: int, warmup: int,
-                 show: bool) -> dict[str, Any]:
+                 show: bool, teacher: nn.Module | None = None, distill: DistillConfig | None = None) -> dict[str, Any]:
     sampler.set_epoch(epoch)
     torch.manual_seed(_seed(cfg.seed, epoch, dist.rank))  # dropout etc. reproducible after a resume
     gen = torch.Generator().manual_seed(_seed(cfg.seed, epoch, dist.rank, 1))
@@ -273,8 +279,11 @@ def _train_epoch(model: nn.Module, module: nn.Module, train: Dataset, sampler: D
             step = epoch * steps_per_epoch + i
             for g in opt.param_groups:
                 g["lr"] = cfg.lr * lr_factor(step, total, warmup, cfg)
-            out = model(augment_batch(x, cfg, gen))
-            loss = F.cross_entropy(out, y, label_smoothing=cfg.label_smoothing)
+            x = augment_batch(x, cfg, gen)
+            out = model(x)
+            with torch.no_grad():
+                soft = teacher(x) if teacher is not None else None  # the teacher sees the same augmented batch
+            loss = classification_loss(out, y, soft, distill, cfg.label_smoothing)
             if not torch.isfinite(loss):
                 raise TrainError(f"the training loss became {loss.item()} at epoch {epoch + 1}, step {i + 1} "
                                  f"(rank {dist.rank}); lower lr (now {opt.param_groups[0]['lr']:.3g}) or add grad_clip")

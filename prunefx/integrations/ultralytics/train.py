@@ -22,6 +22,7 @@ from torch import nn
 
 from prunefx.errors import PrunefxError
 from prunefx.integrations.ultralytics.io import load_yolo
+from prunefx.train.distill import DetectDistillLoss, DistillConfig
 from prunefx.train.sparsity import BNSparsity, SparsityConfig, sparsity_stats
 
 
@@ -47,12 +48,16 @@ class TrainHooks:
 
     expected_params: int | None = None
     sparsity: SparsityConfig | None = None
+    teacher: nn.Module | None = field(default=None, repr=False)  # output KD from it (prune.finetune.distill)
+    distill: DistillConfig | None = None
     log: list[dict[str, Any]] = field(default_factory=list)
     _sp: BNSparsity | None = field(default=None, repr=False)
+    _kd: list[float] = field(default_factory=list, repr=False)
 
     @classmethod
-    def for_model(cls, model: nn.Module, sparsity: SparsityConfig | None = None) -> TrainHooks:
-        return cls(expected_params=param_count(model), sparsity=sparsity)
+    def for_model(cls, model: nn.Module, sparsity: SparsityConfig | None = None, *, teacher: nn.Module | None = None,
+                  distill: DistillConfig | None = None) -> TrainHooks:
+        return cls(expected_params=param_count(model), sparsity=sparsity, teacher=teacher, distill=distill)
 
     def register(self, trainer: Any) -> None:
         trainer.add_callback("on_pretrain_routine_end", self.on_pretrain_routine_end)
@@ -69,13 +74,29 @@ class TrainHooks:
                 "model handed to it: ultralytics rebuilt it (e.g. from model.yaml). Hand the module over with "
                 "prunefx.integrations.ultralytics.train.train_yolo instead of YOLO(path).train()"
             )
+        if self.teacher is not None:
+            self._attach_distillation(model, trainer)
         if self.sparsity is None:
             return
         steps_per_epoch = max(1, len(trainer.train_loader) // max(1, trainer.accumulate))
         total = steps_per_epoch * (trainer.epochs - trainer.start_epoch)
         self._sp = self.sparsity.regularizer(model, total).attach(trainer.optimizer)
 
+    def _attach_distillation(self, model: nn.Module, trainer: Any) -> None:
+        """The model's loss becomes task loss + output KD against the teacher (after EMA was copied, so the
+        EMA model used for validation and saved checkpoints keeps the plain criterion)."""
+        head = model.model[-1]
+        if not hasattr(head, "reg_max"):
+            raise PrunefxError(f"prune.finetune.distill: output KD needs a detection head (Detect and its subclasses); "
+                               f"{type(head).__name__} is not one")
+        teacher = self.teacher.to(trainer.device).float().eval().requires_grad_(False)
+        model.criterion = DetectDistillLoss(model.init_criterion(), teacher, self.distill or DistillConfig(),
+                                            int(head.reg_max), record=self._kd)
+
     def on_train_epoch_end(self, trainer: Any) -> None:
+        if self._kd:
+            self.log.append({"epoch": trainer.epoch + 1, "kd_loss": sum(self._kd) / len(self._kd)})
+            self._kd.clear()
         if self._sp is None:
             return
         from ultralytics.utils.torch_utils import unwrap_model
@@ -86,6 +107,7 @@ class TrainHooks:
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_sp"] = None  # hooks on the parent's optimizer do not travel to DDP workers
+        state["_kd"] = []
         return state
 
 

@@ -21,7 +21,7 @@ import hashlib
 import os
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -59,8 +59,11 @@ from prunefx.train.loop import TrainConfig, evaluate, fit
 from prunefx.train.sparsity import SparsityConfig
 
 EXAMPLE_BATCH = 32  # real training images for pruning: bias-compensation means and the oracle check use them
-_STAGE_DIRS = {"baseline": "baseline", "sparse": "sparsity", "finetuned": "finetune"}  # <stage>_last.pt
-_WHERE = {"baseline": "", "sparse": "prune.sparsity.", "finetuned": "prune.finetune."}
+_STAGE_DIRS = {"baseline": "baseline", "sparse": "sparsity", "finetuned": "finetune", "narrow": "narrow",
+               "narrow_ft": "narrow_ft", "scratch": "scratch"}  # <stage>_last.pt
+_WHERE = {"baseline": "", "sparse": "prune.sparsity.", "finetuned": "prune.finetune.", "narrow": "",
+          "narrow_ft": "", "scratch": ""}
+_UNPRUNED = ("baseline", "sparse")  # every other role is saved with its plan (prunefx.save)
 
 
 @dataclass(frozen=True)
@@ -173,6 +176,7 @@ class ClassifyBackend:
         self.name = job.model
         self.checkpoint = job.checkpoint
         self.baseline_epochs = job.train.epochs
+        self.primary_metric = "top1"
 
     @functools.cached_property
     def data(self) -> ClassificationData:
@@ -225,24 +229,31 @@ class ClassifyBackend:
             model.load_state_dict(self.dist.broadcast(dict(read_state_dict(self.path("baseline")))
                                                       if self.dist.is_main else None))
         else:
-            model, plan, signature = self._pruned_in_every_rank()
+            model, plan, signature = self._pruned_in_every_rank(start)
         recipe = replace(self.job.train.updated(stage.overrides, _WHERE[out]), epochs=stage.epochs)
+        teacher = None
+        if getattr(stage, "distill", False):  # the unpruned baseline's logits, in every rank
+            teacher = self.fresh()
+            teacher.load_state_dict(self.dist.broadcast(dict(read_state_dict(self.path("baseline")))
+                                                        if self.dist.is_main else None))
+            info["distill"] = {"teacher": "baseline", **asdict(stage.distill_config)}
         result = fit(model, self.data.train, recipe, val=self.data.val, dist=self.dist, sparsity=sparsity,
-                     checkpoint=self.path(out).with_name(f"{_STAGE_DIRS[out]}_last.pt"), log=self.log)
+                     checkpoint=self.path(out).with_name(f"{_STAGE_DIRS[out]}_last.pt"), log=self.log,
+                     teacher=teacher, distill=getattr(stage, "distill_config", None))
         self.save(model, out, plan)
-        if start == "pruned":
+        if start not in ("init", "baseline"):
             # What each rank trained, as rank 0 gathered it: the architecture (a digest of every tensor's name and
             # shape) and the parameter count, so state.json shows every rank fine-tuned the same pruned model.
             gathered = self.dist.all_gather((_digest(signature), sum(p.numel() for p in model.parameters())))
             info["ranks"] = [{"rank": r, "arch": d, "params": n} for r, (d, n) in enumerate(gathered)]
         return Trained(model, result.history, info)
 
-    def _pruned_in_every_rank(self) -> tuple[nn.Module, Any, list[tuple[str, tuple[int, ...]]]]:
-        """The pruned model in every rank: rank 0 sends pruned.pt's bytes, each rank re-applies its plan."""
+    def _pruned_in_every_rank(self, role: Role = "pruned") -> tuple[nn.Module, Any, list[tuple[str, tuple[int, ...]]]]:
+        """A pruned-shape model (``role``) in every rank: rank 0 sends its bytes, each rank re-applies its plan."""
         from prunefx import load as load_pruned
         from prunefx.plan import PruningPlan
 
-        path = self.path("pruned")
+        path = self.path(role)
         blob = self.dist.broadcast(path.read_bytes() if self.dist.is_main else None)
         with tempfile.TemporaryDirectory() as tmp:
             local = Path(tmp) / path.name
@@ -253,11 +264,11 @@ class ClassifyBackend:
         everyone = self.dist.all_gather(signature)
         if any(s != signature for s in everyone):  # every rank sees the same list, so all of them raise
             bad = [r for r, s in enumerate(everyone) if s != everyone[0]]
-            raise DistributedError(f"ranks {bad} rebuilt a different pruned architecture than rank 0 from pruned.pt")
+            raise DistributedError(f"ranks {bad} rebuilt a different pruned architecture than rank 0 from {path.name}")
         return model, plan, signature
 
     def load(self, role: Role) -> nn.Module:
-        if role in ("pruned", "finetuned"):
+        if role not in _UNPRUNED:
             from prunefx import load as load_pruned
 
             return load_pruned(self.path(role), self.job.factory())
@@ -266,7 +277,7 @@ class ClassifyBackend:
     def save(self, model: nn.Module, role: Role, plan: Any = None) -> None:
         if not self.dist.is_main:
             return
-        if role in ("pruned", "finetuned"):
+        if role not in _UNPRUNED:
             from prunefx import save
 
             save(model, plan, self.path(role))

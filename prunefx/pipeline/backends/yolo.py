@@ -15,7 +15,7 @@ import json
 import os
 import shutil
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +36,11 @@ from prunefx.train.sparsity import SparsityConfig
 # hard: true picks the hard set (prunefx.data.detection_hard: 20 classes, small occluded objects, decoys).
 SYNTHETIC_DEFAULTS = {"n_train": 384, "n_val": 96, "imgsz": 128, "seed": 0, "hard": False}
 # Where each role's weights live; fine-tuning also keeps the trainer's last epoch as last.pt.
-_FILES = {"baseline": "baseline.pt", "sparse": "sparse.pt", "pruned": "pruned.pt", "finetuned": "best.pt"}
-_TRAIN_DIRS = {"baseline": "baseline", "sparse": "sparsity", "finetuned": "finetune"}  # train/<stage>/
+_FILES = {"baseline": "baseline.pt", "sparse": "sparse.pt", "pruned": "pruned.pt", "finetuned": "best.pt",
+          "narrow": "narrow.pt", "narrow_ft": "narrow_ft.pt", "scratch": "scratch.pt", "narrow_init": "narrow_init.pt",
+          "scratch_init": "scratch_init.pt"}
+_TRAIN_DIRS = {"baseline": "baseline", "sparse": "sparsity", "finetuned": "finetune", "narrow": "narrow",
+               "narrow_ft": "narrow_ft", "scratch": "scratch"}  # train/<stage>/
 
 
 def ultralytics_keys() -> set[str]:
@@ -283,6 +286,7 @@ class YoloBackend:
         self.name = job.model
         self.checkpoint = job.model if job.model.endswith(".pt") else None
         self.baseline_epochs = int(job.train.get("epochs", 100))
+        self.primary_metric = "top1" if job.task == "classify" else "map50_95"
         self.data = resolve_data(job, log)
 
     def path(self, role: Role) -> Path:
@@ -312,16 +316,27 @@ class YoloBackend:
         _check_nc(model, self.data)
         return model
 
+    def fresh(self) -> nn.Module:
+        """The baseline's architecture (its yaml, its classes) built again by ultralytics: seeded, untrained."""
+        baseline = self.load("baseline")
+        torch.manual_seed(int(self.job.train.get("seed", 0)))
+        fresh = type(baseline)(cfg=dict(baseline.yaml), nc=len(baseline.names), verbose=False)
+        fresh.names, fresh.args = baseline.names, getattr(baseline, "args", {})
+        return fresh
+
     def train(self, out: Role, start: Start, stage: StageSpec, sparsity: SparsityConfig | None) -> Trained:
         from prunefx.integrations.ultralytics.io import load_yolo
         from prunefx.integrations.ultralytics.train import TrainHooks, param_count, train_yolo
 
+        distill = {}
+        if getattr(stage, "distill", False):  # output KD from the unpruned baseline
+            distill = {"teacher": self.load("baseline"), "distill": stage.distill_config}
         if start == "init":  # ultralytics builds the yaml with the baseline's seed: the baseline's start
             model: nn.Module | str = self.job.model
             hooks = TrainHooks.for_model(self.load("baseline"), sparsity) if sparsity is not None else None
         else:
             model = self.load(start)
-            hooks = TrainHooks.for_model(model, sparsity)
+            hooks = TrainHooks.for_model(model, sparsity, **distill)
         args = self._train_args(_TRAIN_DIRS[out], stage.overrides, stage.epochs)
         best, last = train_yolo(model, args, task=self.job.task, hooks=hooks)
         # sparse: the last epoch, not the best: sparsity grows over training and the best mAP is usually early.
@@ -329,12 +344,13 @@ class YoloBackend:
         if out == "finetuned":
             _link(last, self.path(out).with_name("last.pt"))
         trained = load_yolo(self.path(out), trust_checkpoint=self.job.trust)
-        if hooks is not None and hooks.expected_params is not None and start == "pruned":
+        if hooks is not None and hooks.expected_params is not None and start not in ("init", "baseline"):
             got = param_count(trained)  # the hooks guard the trainer; this guards what it saved
             if got != hooks.expected_params:
                 raise PrunefxError(f"training saved a model with {got:,} parameters, not the pruned "
                                    f"{hooks.expected_params:,}")
-        return Trained(trained, hooks.log if hooks is not None else ())
+        info = {"distill": {"teacher": "baseline", **asdict(stage.distill_config)}} if distill else {}
+        return Trained(trained, hooks.log if hooks is not None else (), info)
 
     def load(self, role: Role) -> nn.Module:
         from prunefx.integrations.ultralytics.io import load_yolo

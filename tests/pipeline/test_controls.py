@@ -26,7 +26,7 @@ TINY = ["model=_classify_factories:tiny_bn_cnn", "dataset.image_size=8", "epochs
         "prune.target.flops=0.5"]
 
 
-@pytest.mark.parametrize("round_to", [1, 8])
+@pytest.mark.parametrize("round_to", [8])  # 8: one common fraction misses; exact widths (1) reach it
 def test_narrow_control_matches_the_pruned_models_macs(round_to: int) -> None:
     x = (torch.zeros(1, 3, 32, 32),)
     pruned = prune(torchvision.models.resnet18(num_classes=10).eval(), x, PlanConfig(flops=0.45), criterion="l1",

@@ -1,0 +1,77 @@
+"""Knowledge distillation: off by default, and when on it changes the loss (classification and YOLO)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from prunefx.pipeline.config import PruneSpec
+from prunefx.train.distill import DetectDistillLoss, DistillConfig, classification_loss, logits_kd
+
+
+def test_distillation_is_off_by_default() -> None:
+    from prunefx.integrations.ultralytics.train import TrainHooks
+
+    assert PruneSpec().finetune.distill is False
+    assert PruneSpec.parse({"finetune": {"epochs": 3}}, train_keys=set()).finetune.distill is False
+    assert TrainHooks().teacher is None
+
+
+def test_logits_kd_changes_the_classification_loss() -> None:
+    torch.manual_seed(0)
+    student, teacher = torch.randn(8, 10, requires_grad=True), torch.randn(8, 10)
+    labels = torch.randint(0, 10, (8,))
+    plain = classification_loss(student, labels, None, None)
+    assert torch.equal(plain, nn.functional.cross_entropy(student, labels))
+    cfg = DistillConfig(temperature=2.0, weight=0.5)
+    kd = classification_loss(student, labels, teacher, cfg)
+    assert not torch.isclose(kd, plain)
+    assert torch.isclose(kd, 0.5 * plain + 0.5 * logits_kd(student, teacher, 2.0))
+    assert logits_kd(teacher, teacher, 2.0).abs() < 1e-6  # a student equal to its teacher pays nothing
+    kd.backward()
+    assert student.grad is not None and student.grad.abs().sum() > 0
+
+
+def test_fit_with_a_teacher_trains_on_a_different_loss() -> None:
+    from prunefx.data.classification import TensorSplit
+    from prunefx.train import TrainConfig, fit
+
+    torch.manual_seed(0)
+    data = TensorSplit(torch.randn(64, 1, 8, 8), torch.randint(0, 4, (64,)))
+
+    def net() -> nn.Module:
+        torch.manual_seed(1)
+        return nn.Sequential(nn.Flatten(), nn.Linear(64, 4))
+
+    cfg = TrainConfig(epochs=1, batch=32, augment=())
+    plain = fit(net(), data, cfg, log=lambda _: None).history[0]["loss"]
+    teacher = nn.Sequential(nn.Flatten(), nn.Linear(64, 4))
+    with_kd = fit(net(), data, cfg, log=lambda _: None, teacher=teacher).history[0]["loss"]
+    assert with_kd != plain
+
+
+def test_yolo_output_kd_adds_a_term_to_ultralytics_loss() -> None:
+    from ultralytics.cfg import get_cfg
+    from ultralytics.nn.tasks import DetectionModel
+
+    torch.manual_seed(0)
+    student, teacher = (DetectionModel("yolov8n.yaml", nc=4, verbose=False) for _ in range(2))
+    student.args = get_cfg()
+    student.train()
+    batch = {"img": torch.rand(2, 3, 64, 64), "cls": torch.tensor([[0.0], [2.0]]),
+             "bboxes": torch.tensor([[0.5, 0.5, 0.3, 0.3], [0.3, 0.4, 0.2, 0.2]]),
+             "batch_idx": torch.tensor([0.0, 1.0])}
+    base = student.init_criterion()
+    preds = student(batch["img"])
+    plain, items = base(preds, batch)
+    record: list[float] = []
+    wrapped = DetectDistillLoss(base, teacher, DistillConfig(temperature=1.0, weight=1.0), student.model[-1].reg_max,
+                                record=record)
+    total, items_kd = wrapped(preds, batch)
+    assert torch.allclose(total[: plain.numel()], plain.reshape(-1))  # the task loss is untouched
+    assert total.sum() > plain.sum() and len(record) == 1 and record[0] > 0
+    assert abs(total[-1].item() - record[0] * 2) < 1e-5  # weight x KD x batch size, ultralytics' loss scale
+    assert set(items_kd) == set(items)  # logged loss columns keep the task's names
+    total.sum().backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in student.model[-1].parameters())
+    assert hasattr(wrapped, "update") == hasattr(base, "update")  # the trainer's per-epoch call reaches the task loss

@@ -50,6 +50,9 @@ EXPERIMENTS = {
         "experiments.llm_criteria", "importance criteria on a small trained LM, heads + MLP pruned, no fine-tuning",
         ("transformers",),
     ),
+    "worth_it": Experiment(
+        "experiments.worth_it", "pruned big model vs the same budget from scratch (controls, verdict), both tasks"
+    ),
     "latency_target": Experiment(
         "experiments.latency_target", "plans against measured latency vs FLOPs plans, torch and ONNX Runtime"
     ),

@@ -331,25 +331,28 @@ def write_tables(part: str, cells: Sequence[Cell], runs: Path, out: Path, sizes:
     rows = [r for c in cells if (runs / c.name).is_dir() and _finished(c, runs) for r in rows_of(c, runs / c.name)]
     table.write_csv(rows, out / f"worth_it_{part}.csv", FIELDS, digits=5)
     summary = summarise(rows)
-    lines = [f"# Is pruning worth it? ({part})", ""]
-    lines += [f"- {k}: {v}" for k, v in header.items()]
-    lines += [f"- cells finished: {len(cells) - len(missing)} of {len(cells)}"
-              + (f"; not run: {', '.join(missing)}" if missing else ""), ""]
+    info = dict(header)
+    lines = [f"# Is pruning worth it? ({part})", "",
+             f"Command: `{info.pop('command')}`", "",
+             f"Machine: {info.pop('machine')}; load average at start (1/5/15 min) "
+             f"{info.pop('load average at start (1/5/15 min)')}; torch threads {info.pop('torch threads')}; "
+             + "; ".join(f"{k} {v}" for k, v in info.items() if k != "sizes"), "",
+             f"Setup: {info['sizes']}. Cells finished: {len(cells) - len(missing)} of {len(cells)}"
+             + (f"; not run: {', '.join(missing)}" if missing else "") + ".", "", "## Summary", ""]
     for group in dict.fromkeys(s["group"] for s in summary):
         sub = [s for s in summary if s["group"] == group]
-        lines += [f"## {group}", ""]
+        lines += [f"**{group}** ({sub[0]['metric']}, mean ± std over the seeds; the number of seeds in brackets)", ""]
         lines += table.md_table(
-            ["model", "epochs", "GFLOPs", "params (M)", f"{sub[0]['metric']} mean ± std (seeds)", "minutes/run"],
+            ["model", "epochs", "GFLOPs", "params (M)", sub[0]["metric"], "minutes/run"],
             [[s["row"], s["epochs"], f"{s['gflops']:.4g}", f"{s['params_m']:.4g}",
               (f"{s['mean']:.4f}" + (f" ± {s['std']:.4f}" if s["std"] is not None else "") + f" ({s['seeds']})")
               if s["mean"] is not None else "-", f"{s['minutes']:.1f}" if s["minutes"] else "-"] for s in sub])
         lines += ["", "minutes/run: a pruned row's run without its controls (baseline + sparsity + prune + fine-tune; "
                   "runs from a checkpoint: sparsity + prune + fine-tune); controls: their stage in the main run, "
-                  f"{_controls_minutes(cells, runs, group)}."]
-        lines.append("")
+                  f"{_controls_minutes(cells, runs, group)}.", ""]
     found = verdicts([c for c in cells if c.part == part], runs)
     if found:
-        lines += ["## Verdicts (from each main run's report.md)", "", *found, ""]
+        lines += ["Verdicts (the last lines of each main run's report.md):", "", *found, ""]
     path = out / f"worth_it_{part}.md"
     path.write_text("\n".join(lines))
     return path

@@ -50,10 +50,10 @@ def test_quick_classification_writes_the_table_and_resume_reuses_every_cell(tmp_
     assert any(n.startswith("uniformly narrower, from scratch, total epochs") for n in names)
     assert all(0 <= float(r["value"]) <= 1 for r in rows)
     text = md.read_text()
-    assert "cells finished: 8 of 8" in text and "--quick" in text and "Pruned " in text
+    assert "Cells finished: 8 of 8" in text and "--quick" in text and "Pruned " in text
     # the table's numbers are the CSV's (one seed: the mean is the value)
     csv_2x = {r["row"]: float(r["value"]) for r in rows if r["group"] == "2x"}
-    section = text.split("## 2x", 1)[1].split("## 4x", 1)[0]
+    section = text.split("**2x**", 1)[1].split("**4x**", 1)[0]
     for cells in _table_rows(section):
         assert float(cells[4].split()[0]) == pytest.approx(csv_2x[cells[0]], abs=5e-5)
     capsys.readouterr()

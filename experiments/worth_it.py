@@ -267,7 +267,8 @@ def rows_of(cell: Cell, root: Path) -> list[dict[str, Any]]:
     base = {"part": cell.part, "group": cell.group, "seed": cell.seed, "run": str(root)}
     if cell.kind == "train":
         r = json.loads((root / "result.json").read_text())
-        return [{**base, "row": f"{cell.config['model'].removesuffix('.yaml')} from scratch",
+        small = cell.config["model"].removesuffix(".yaml")
+        return [{**base, "row": f"{small} from scratch, {cell.config['epochs']} ep",
                  "epochs": cell.config["epochs"], "gflops": r["gflops"], "params_m": r["params"] / 1e6,
                  "metric": "map50_95", "value": r["metrics"]["map50_95"], "minutes": r["minutes"]}]
     report = json.loads((root / "report.json").read_text())

@@ -298,3 +298,26 @@ def test_ddp_worker_file_trains_the_handed_over_pruned_model(checkpoint: Path, d
     assert out.returncode == 0, out.stderr[-3000:]
     best = tmp_path / "ddp" / "weights" / "best.pt"
     assert {k: tuple(v.shape) for k, v in load_yolo(best).state_dict().items()} == pruned
+
+
+@pytest.mark.slow
+def test_controls_and_distillation_on_the_hard_set(tmp_path):
+    # One tiny run: the hard embedded set, output KD inside ultralytics' trainer, both controls, the verdict.
+    from prunefx.pipeline import run_config
+
+    run = run_config(CONFIG, [*TINY, "prune.data.hard=true", "epochs=1", "prune.sparsity.epochs=0",
+                              "prune.finetune.epochs=1", "prune.finetune.distill=true", "prune.latency=false",
+                              "prune.controls=[narrow, scratch]", f"project={tmp_path}", "name=ctl"],
+                     log=lambda _: None)
+    state = json.loads((run.root / "state.json").read_text())
+    ft = state["stages"]["finetune"]
+    assert ft["distill"]["teacher"] == "baseline"
+    assert ft["history"][0]["kd_loss"] > 0  # the KD term was computed in the trainer's training steps
+    runs = state["stages"]["controls"]["runs"]
+    assert {k: v["epochs"] for k, v in runs.items()} == {"narrow": 2, "narrow_ft": 1, "scratch": 2}
+    assert abs(state["stages"]["controls"]["narrow"]["macs_vs_pruned"] - 1) <= 0.03
+    report = load_report(run.root)
+    rows = {r["name"]: r for r in report["controls"]["runs"]}
+    assert rows["scratch"]["params"] == report["stages"]["finetuned"]["params"]
+    assert (run.root / "report.md").read_text().rstrip().splitlines()[-3].startswith("Metric: map50_95")
+    assert "shapes-hard" in report["settings"]["data"]

@@ -50,6 +50,9 @@ EXPERIMENTS = {
         "experiments.llm_criteria", "importance criteria on a small trained LM, heads + MLP pruned, no fine-tuning",
         ("transformers",),
     ),
+    "hard_calibration": Experiment(
+        "experiments.hard_calibration", "yolov8n vs yolov8s from scratch on the hard shapes set, mAP per epoch"
+    ),
     "worth_it": Experiment(
         "experiments.worth_it", "pruned big model vs the same budget from scratch (controls, verdict), both tasks"
     ),

@@ -50,12 +50,12 @@ def render(models: list[str], epochs: int, runs: Path, out: Path, command: str, 
                          "map50": float(r["metrics/mAP50(B)"]), "map50_95": float(r["metrics/mAP50-95(B)"])})
     table.write_csv(rows, out / "hard_calibration.csv", ["model", "epoch", "seconds", "map50", "map50_95"], digits=5)
     info = table.machine_info()
-    lines = ["# The hard shapes set: yolov8n vs yolov8s from scratch", "", f"Command: `{command}`", "",
+    lines = ["# The hard shapes set: yolov8n vs yolov8s from scratch", "", "## Summary", "",
+             f"Command: `{command}`", "",
              f"Machine: {info['machine']}; load average at render {info['load average at start (1/5/15 min)']}; "
              f"{info['torch']}", "",
              f"Setup: {TRAIN}, imgsz and data as in the command; mAP is ultralytics' validation after each epoch. "
-             f"Epochs done: " + ", ".join(f"{m} {len(c)} of {epochs}" for m, c in curves.items()) + ".", "",
-             "## Summary", ""]
+             "Epochs done: " + ", ".join(f"{m} {len(c)} of {epochs}" for m, c in curves.items()) + ".", ""]
     header = ["epoch", *(f"{m} mAP50 / mAP50-95" for m in curves)]
     body = [[str(e + 1), *(f"{float(c[e]['metrics/mAP50(B)']):.4f} / {float(c[e]['metrics/mAP50-95(B)']):.4f}"
                            if e < len(c) else "-" for c in curves.values())]

@@ -333,13 +333,13 @@ def write_tables(part: str, cells: Sequence[Cell], runs: Path, out: Path, sizes:
     table.write_csv(rows, out / f"worth_it_{part}.csv", FIELDS, digits=5)
     summary = summarise(rows)
     info = dict(header)
-    lines = [f"# Is pruning worth it? ({part})", "",
+    lines = [f"# Is pruning worth it? ({part})", "", "## Summary", "",
              f"Command: `{info.pop('command')}`", "",
              f"Machine: {info.pop('machine')}; load average at start (1/5/15 min) "
              f"{info.pop('load average at start (1/5/15 min)')}; torch threads {info.pop('torch threads')}; "
              + "; ".join(f"{k} {v}" for k, v in info.items() if k != "sizes"), "",
              f"Setup: {info['sizes']}. Cells finished: {len(cells) - len(missing)} of {len(cells)}"
-             + (f"; not run: {', '.join(missing)}" if missing else "") + ".", "", "## Summary", ""]
+             + (f"; not run: {', '.join(missing)}" if missing else "") + ".", ""]
     for group in dict.fromkeys(s["group"] for s in summary):
         sub = [s for s in summary if s["group"] == group]
         lines += [f"**{group}** ({sub[0]['metric']}, mean ± std over the seeds; the number of seeds in brackets)", ""]

@@ -338,8 +338,8 @@ def write_tables(part: str, cells: Sequence[Cell], runs: Path, out: Path, sizes:
              f"Machine: {info.pop('machine')}; load average at start (1/5/15 min) "
              f"{info.pop('load average at start (1/5/15 min)')}; torch threads {info.pop('torch threads')}; "
              + "; ".join(f"{k} {v}" for k, v in info.items() if k != "sizes"), "",
-             f"Setup: {info['sizes']}. Cells finished: {len(cells) - len(missing)} of {len(cells)}"
-             + (f"; not run: {', '.join(missing)}" if missing else "") + ".", ""]
+             f"Setup: {info['sizes']}. Cells finished: {sum(_finished(c, runs) for c in cells)} of {len(cells)}"
+             + (f"; failed: {', '.join(missing)}" if missing else "") + ".", ""]
     for group in dict.fromkeys(s["group"] for s in summary):
         sub = [s for s in summary if s["group"] == group]
         lines += [f"**{group}** ({sub[0]['metric']}, mean ± std over the seeds; the number of seeds in brackets)", ""]
@@ -410,8 +410,11 @@ def main(argv: list[str] | None = None) -> list[Path]:
     parts = PARTS if args.part == "all" else (args.part,)
     written = []
     for part in parts:
+        shown = [a for a in argv if a not in ("--only-tables", "--resume", "--background")]
         header = {**table.machine_info(threads=sizes.threads), "command": "python -m experiments.worth_it "
-                  + " ".join(argv), "sizes": _describe(sizes, part)}
+                  + " ".join(shown), "sizes": _describe(sizes, part)}
+        if args.only_tables:  # the runs were made earlier: this process only read them
+            header["tables"] = "re-rendered from the finished runs with --only-tables (load average at render time)"
         if part == "detect":
             from prunefx.integrations.ultralytics.env import setup_offline
 
@@ -420,7 +423,6 @@ def main(argv: list[str] | None = None) -> list[Path]:
         missing = []
         for i, cell in enumerate(cells, 1):
             if args.only_tables:
-                missing += [] if _finished(cell, runs) else [cell.name]
                 continue
             print(f"[{i}/{len(cells)}] {cell.name}", flush=True)
             try:

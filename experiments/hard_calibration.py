@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import shlex
 import time
 from pathlib import Path
 
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> Path:
             start = time.perf_counter()
             train(model, args.epochs, args.n_train, args.imgsz, args.runs)
             minutes[model] = (time.perf_counter() - start) / 60
-    command = "python -m experiments.hard_calibration " + " ".join(a for a in argv if a != "--render")
+    command = "python -m experiments.hard_calibration " + shlex.join(a for a in argv if a != "--render")
     return render(args.models, args.epochs, args.runs, args.out, command, minutes)
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import shlex
 import statistics
 import subprocess
 import sys
@@ -412,7 +413,7 @@ def main(argv: list[str] | None = None) -> list[Path]:
     for part in parts:
         shown = [a for a in argv if a not in ("--only-tables", "--resume", "--background")]
         header = {**table.machine_info(threads=sizes.threads), "command": "python -m experiments.worth_it "
-                  + " ".join(shown), "sizes": _describe(sizes, part)}
+                  + shlex.join(shown), "sizes": _describe(sizes, part)}
         if args.only_tables:  # the runs were made earlier: this process only read them
             header["tables"] = "re-rendered from the finished runs with --only-tables (load average at render time)"
         if part == "detect":

@@ -82,16 +82,23 @@ def main(argv: list[str] | None = None) -> Path:
     ap.add_argument("--out", type=Path, default=table.RESULTS)
     ap.add_argument("--quick", action="store_true", help="1 epoch, 32 images, imgsz 64 (smoke test)")
     ap.add_argument("--render", action="store_true", help="only rewrite the table from the finished runs")
+    ap.add_argument("--minutes", nargs="*", default=[], metavar="MODEL=MIN",
+                    help="with --render: the minutes each training process printed in its own table")
     args = ap.parse_args(argv)
     if args.quick:
         args.epochs, args.n_train, args.imgsz = 1, 32, 64
-    minutes: dict[str, float] = {}
+    minutes = {m: float(v) for m, v in (item.split("=", 1) for item in args.minutes)}
     if not args.render:
         for model in args.models:
             start = time.perf_counter()
             train(model, args.epochs, args.n_train, args.imgsz, args.runs)
             minutes[model] = (time.perf_counter() - start) / 60
-    command = "python -m experiments.hard_calibration " + shlex.join(a for a in argv if a != "--render")
+    shown, skip = [], False
+    for a in argv:  # the command that trained the runs: without --render and --minutes
+        skip = a == "--minutes" or (skip and not a.startswith("--"))
+        if a != "--render" and not skip:
+            shown.append(a)
+    command = "python -m experiments.hard_calibration " + shlex.join(shown)
     return render(args.models, args.epochs, args.runs, args.out, command, minutes)
 
 

@@ -70,8 +70,10 @@ def test_every_stage_from_the_model_yaml(tmp_path: Path) -> None:
         "sparsity",
         "prune",
         "finetune",
+        "controls",  # skipped: prune.controls is empty by default
         "report",
     ]
+    assert state["stages"]["controls"]["skipped"] == "prune.controls is empty"
     # Logged by the hook only once BNSparsity is attached to the trainer's optimizer: the penalty really ran.
     assert state["stages"]["sparsity"]["history"][0]["s"] == pytest.approx(2e-3)
 

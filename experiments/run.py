@@ -62,6 +62,9 @@ EXPERIMENTS = {
     "import_time": Experiment(
         "experiments.import_time", "fresh-process time of import torch, import prunefx and prunefx --help"
     ),
+    "zoo_sweep": Experiment(
+        "experiments.zoo_sweep", "timm / torchvision / transformers / ultralytics zoos pruned at 30%, vs Torch-Pruning"
+    ),  # a zoo whose package is missing is skipped inside, with a message
 }
 
 

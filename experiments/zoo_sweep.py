@@ -5,7 +5,8 @@
     python -m experiments.run zoo_sweep --run --only yolo,hf: --resume --tp
     python -m experiments.run zoo_sweep                       # only re-write the tables from the stored results
 
-Each model runs in its own worker process (``nice``, 1 torch thread, ``--timeout`` seconds): build (seeded, eval
+Each model runs in its own worker, forked from a driver that imported torch and the zoos once (``nice`` 15, 1 torch
+thread, ``--timeout`` seconds): build (seeded, eval
 mode), then ``prunefx.prune(model, inputs, PlanConfig(ratio=0.3))`` (bn_scale, bias compensation, the oracle,
 failing groups frozen and re-planned). The status of a model:
 - ``ok``: pruned, and the pruned model equals the masked original (``verified.ok``);
@@ -30,8 +31,6 @@ import argparse
 import json
 import os
 import re
-import subprocess
-import sys
 import time
 import traceback
 from collections import Counter
@@ -161,52 +160,93 @@ def run_tp(mid: str) -> dict[str, Any]:
 
 
 # ---- driver side ---------------------------------------------------------------------------------------------
-def _worker(mid: str, tp: bool, timeout: int) -> dict[str, Any]:
-    """One model in its own nice'd 1-thread process; the row it printed, or why it printed none."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "YOLO_OFFLINE": "1",
-           "PYTHONWARNINGS": "ignore", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}  # fmt: skip
-    cmd = ["nice", "-n", "15", sys.executable, "-m", "experiments.zoo_sweep", "--tp-one" if tp else "--one", mid]
-    key = "tp_status" if tp else "status"
-    t0 = time.time()
+ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "YOLO_OFFLINE": "1", "PYTHONWARNINGS": "ignore",
+       "TRANSFORMERS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}  # fmt: skip
+NICE = 15
+
+
+def _preload() -> None:
+    """Import torch, prunefx and the installed zoos once in the driver: every forked worker starts with them
+    (importing them per worker took longer than pruning most models)."""
+    import importlib
+
+    os.environ.update(ENV)
+    from prunefx.integrations.ultralytics.env import setup_offline
+
+    setup_offline()  # before ultralytics is imported
+    import torch
+
+    torch.set_num_threads(1)
+    for pkg in ("timm", "torchvision", "transformers", "ultralytics", "prunefx"):
+        if importlib.util.find_spec(pkg) is not None:
+            importlib.import_module(pkg)
+
+
+def _child(mid: str, tp: bool, conn: Any) -> None:
+    """A forked worker: nice, one thread, one model; sends its row and exits without running atexit hooks."""
+    os.nice(NICE)
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=table.ROOT)
-    except subprocess.TimeoutExpired:
-        return {"model": mid, key: "timeout", ("tp_s" if tp else "wall_s"): timeout}
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
-    if not lines:
-        tail = " | ".join((p.stderr or "").strip().splitlines()[-3:])[:300]
-        return {"model": mid, key: "worker died", ("tp_error" if tp else "error"): f"rc={p.returncode}: {tail}"}
-    row = json.loads(lines[-1])
-    if tp:
-        row["tp_run"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t0))
-    else:
-        row["wall_s"] = round(time.time() - t0, 1)
-    return row
-
-
-def _read(path: Path) -> dict[str, dict[str, Any]]:
-    if not path.exists():
-        return {}
-    return {r["model"]: r for r in map(json.loads, path.read_text().splitlines()) if r}
+        conn.send(run_tp(mid) if tp else run_one(mid))
+    finally:
+        conn.close()
+        os._exit(0)
 
 
 def sweep(ids: list[str], path: Path, tp: bool, resume: bool, timeout: int, jobs: int) -> None:
-    """Run each id's worker (``jobs`` at a time) and append its row to ``path`` as it ends."""
-    from concurrent.futures import ThreadPoolExecutor, as_completed
+    """Each id in its own forked worker (``jobs`` at a time, ``timeout`` s each); rows appended to ``path``."""
+    import multiprocessing as mp
+    from multiprocessing.connection import wait
 
     done = set(_read(path)) if resume else set()
     if not resume and path.exists():
         kept = [r for m, r in _read(path).items() if m not in ids]  # rows of other ids stay
         path.write_text("".join(json.dumps(r) + "\n" for r in kept))
     todo = [m for m in ids if m not in done]
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = {pool.submit(_worker, m, tp, timeout): m for m in todo}
-        for fut in as_completed(futures):
-            row = fut.result()
+    _preload()
+    ctx = mp.get_context("fork")
+    key = "tp_status" if tp else "status"
+    running: dict[Any, tuple[str, Any, float]] = {}  # connection -> (id, process, start time)
+    while todo or running:
+        while todo and len(running) < jobs:
+            mid = todo.pop(0)
+            recv, send = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_child, args=(mid, tp, send), daemon=True)
+            proc.start()
+            send.close()
+            running[recv] = (mid, proc, time.time())
+        ready = wait(list(running), timeout=1.0)
+        now = time.time()
+        for conn in list(running):
+            mid, proc, t0 = running[conn]
+            if conn in ready:
+                try:
+                    row = conn.recv()
+                except EOFError:  # the worker died without a row (killed for memory, a segfault)
+                    proc.join(5)
+                    row = {"model": mid, key: "worker died", ("tp_error" if tp else "error"): f"rc={proc.exitcode}"}
+            elif now - t0 > timeout:
+                row = {"model": mid, key: "timeout", ("tp_s" if tp else "wall_s"): timeout}
+            else:
+                continue
+            proc.join(5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+            conn.close()
+            del running[conn]
+            if tp:
+                row["tp_run"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t0))
+            elif "wall_s" not in row:
+                row["wall_s"] = round(now - t0, 1)
             with path.open("a") as f:
                 f.write(json.dumps(row) + "\n")
-            status = row.get("tp_status" if tp else "status")
-            print(f"{row['model']:50s} {status} {(row.get('error') or row.get('tp_error') or '')[:90]}", flush=True)
+            print(f"{mid:50s} {row.get(key)} {(row.get('error') or row.get('tp_error') or '')[:90]}", flush=True)
+
+
+def _read(path: Path) -> dict[str, dict[str, Any]]:
+    if not path.exists():
+        return {}
+    return {r["model"]: r for r in map(json.loads, path.read_text().splitlines()) if r}
 
 
 # ---- tables --------------------------------------------------------------------------------------------------

@@ -304,3 +304,29 @@ def test_reshape_as_ties_to_the_other_tensor_and_repeat_interleave_copies_channe
 
     result = _checked(randomize_bn(M()).eval(), torch.randn(1, 3, 4, 4))
     assert result.graph.group_of("a").prunable
+
+
+class GlobalResponseNorm(nn.Module):
+    """ConvNeXt-V2's GRN (HF's spelling: torch.linalg.vector_norm with positional ord, dim, keepdim), channels last."""
+
+    def __init__(self, functional):
+        super().__init__()
+        self.functional = functional
+        self.conv, self.head = nn.Conv2d(3, 16, 3), nn.Conv2d(16, 5, 1)
+
+    def forward(self, x):
+        h = self.conv(x).permute(0, 2, 3, 1)
+        g = torch.linalg.vector_norm(h, 2, (1, 2), True) if self.functional else torch.norm(h, 2, (1, 2), True)
+        h = h * (g / (g.mean(dim=-1, keepdim=True) + 1e-6))  # the mean over channels: inexact, prunable
+        return self.head(h.permute(0, 3, 1, 2))
+
+
+@pytest.mark.parametrize("capture", ["fx", "export"])
+@pytest.mark.parametrize("functional", [True, False], ids=["vector_norm", "torch.norm"])
+def test_vector_norm_over_positions_keeps_the_channels(functional, capture):
+    # HF ConvNeXt-V2 froze every channel: aten.linalg_vector_norm had no rule, and torch.norm's positional dims
+    # (after p) were read as the dims.
+    model, x = GlobalResponseNorm(functional).eval(), torch.randn(2, 3, 8, 8)
+    dg = analyze(model, x, capture=capture)
+    (g,) = dg.groups_of("conv")
+    assert g.prunable and g.channels == 16 and not g.exact, g.reasons

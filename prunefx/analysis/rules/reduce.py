@@ -61,22 +61,25 @@ REDUCTIONS = {
     "std": False, torch.std: False, "var": False, torch.var: False, "norm": False, torch.norm: False,
     "logsumexp": False, torch.logsumexp: False, "prod": False, torch.prod: False, "max": False,
     torch.max: False, "min": False, torch.min: False, "argmax": False, torch.argmax: False, "argmin": False,
-    torch.argmin: False, "any": False, "all": False,
+    torch.argmin: False, "any": False, "all": False, torch.linalg.vector_norm: False,
 }
+# Norms take their order before the dims: (x, p / ord, dim, keepdim); the aten module adds its vector_norm.
+NORMS = {"norm", torch.norm, torch.linalg.vector_norm}
 
 
 @register_rule(*REDUCTIONS)
 def reduction(ctx):
     lab = ctx.lab(ctx.args[0])
     separable = REDUCTIONS[ctx.node.target]
-    dim = ctx.arg(1, "dim")
+    at = 2 if ctx.node.target in NORMS else 1
+    dim = ctx.arg(at, "dim")
     if isinstance(dim, torch.Tensor) or (
         ctx.node.target in ("max", "min", torch.max, torch.min) and ctx.is_tensor(dim)
     ):
         from prunefx.analysis.rules.elementwise import binary  # max(a, b) is element-wise
 
         return binary(ctx)
-    keepdim = bool(ctx.arg(2, "keepdim", False))
+    keepdim = bool(ctx.arg(at + 1, "keepdim", False))
     dims = (
         range(lab.ndim)
         if dim is None

@@ -70,12 +70,19 @@ def _reason_key(reason: str) -> str:
     return re.sub(r"(module|node) '[^']*'", r"\1 '*'", key)[:160]
 
 
+def _is_channel_group(group: Any, buffers: set[str]) -> bool:
+    """A group of a layer's or a learnable parameter's channels; dims only of buffers (index tables) are not."""
+    return any(m.kind.value == "module" or (m.kind.value == "param" and m.name not in buffers) for m in group.members)
+
+
 def census(dg: Any) -> dict[str, Any]:
     """Channels, prunable share and the top frozen reasons (by channels) of an analysis."""
-    total = sum(g.channels for g in dg.groups)
-    prunable = sum(g.channels for g in dg.groups if g.prunable)
+    buffers = {name for name, _ in dg.gm.named_buffers()}
+    groups = [g for g in dg.groups if _is_channel_group(g, buffers)]
+    total = sum(g.channels for g in groups)
+    prunable = sum(g.channels for g in groups if g.prunable)
     reasons: Counter[str] = Counter()
-    for g in dg.groups:
+    for g in groups:
         if not g.prunable and g.reasons:
             reasons[_reason_key(g.reasons[0])] += g.channels
     return {
@@ -296,8 +303,10 @@ def write_tables(rows: list[dict[str, Any]], tp_rows: dict[str, dict[str, Any]],
         runs = sorted({r["tp_run"] for r in rows if r.get("tp_run")})
         lines += ["", f"Torch-Pruning 1.6.1 on {sum(tp.values())} of these models (no equivalence check): "
                   + ", ".join(f"{k} {v}" for k, v in tp.most_common()) + f"; measured {'; '.join(runs)}."]
-    lines += ["", "## Models", "", "Prunable share: channels in prunable groups over all channels of the analysis. "
-              "Frozen reasons: the top three by channels (node and module names elided).", ""]
+    lines += ["", "## Models", "", "Prunable share: channels in prunable groups over all channels of the analysis "
+              "(groups of a layer or a learnable parameter; dims only of buffers, such as relative-position index "
+              "tables, are not channels). Frozen reasons: the top three by channels (node and module names elided).",
+              ""]
     cells = []
     for r in rows:
         err = f"{r.get('error', '')} [{r.get('where', '')}]" if r.get("error") else ""

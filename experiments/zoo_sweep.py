@@ -216,6 +216,8 @@ def sweep(ids: list[str], path: Path, tp: bool, resume: bool, timeout: int, jobs
     while todo or running:
         while todo and len(running) < jobs:
             mid = todo.pop(0)
+            if resume and mid in _read(path):  # another driver on the same results got to it first
+                continue
             recv, send = ctx.Pipe(duplex=False)
             proc = ctx.Process(target=_child, args=(mid, tp, send), daemon=True)
             proc.start()
@@ -241,6 +243,7 @@ def sweep(ids: list[str], path: Path, tp: bool, resume: bool, timeout: int, jobs
                 proc.join()
             conn.close()
             del running[conn]
+            row.setdefault("zoo", mid.split(":", 1)[0])
             if tp:
                 row["tp_run"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t0))
             elif "wall_s" not in row:
@@ -376,7 +379,7 @@ def main(argv: list[str] | None = None) -> Path | None:
                 print("Torch-Pruning is not installed: its column stays empty (pip install torch-pruning==1.6.1)")
         info["load average at end (1/5/15 min)"] = " ".join(f"{v:.1f}" for v in os.getloadavg())
         info_path.write_text(json.dumps(info, indent=1) + "\n")
-    rows = [r for m, r in _read(path).items() if m in ids]
+    rows = [{"zoo": m.split(":", 1)[0], **r} for m, r in _read(path).items() if m in ids]
     md = write_tables(rows, _read(tp_path), out / stem, info)
     print(md.read_text().split("## Models")[0])
     return md

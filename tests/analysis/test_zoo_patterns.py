@@ -330,3 +330,25 @@ def test_vector_norm_over_positions_keeps_the_channels(functional, capture):
     dg = analyze(model, x, capture=capture)
     (g,) = dg.groups_of("conv")
     assert g.prunable and g.channels == 16 and not g.exact, g.reasons
+
+
+class GroupNormConcat(nn.Module):
+    """HF PoolFormer's GroupNorm and RT-DETR's torch.concat, as the export front end sees them (aten ops)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(3, 8, 3, padding=1)
+        self.gn, self.head = nn.GroupNorm(4, 16), nn.Conv2d(16, 5, 1)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.gn(torch.concat([self.a(x), self.b(x)], dim=1))))
+
+
+def test_export_group_norm_and_concat_have_rules():
+    model, x = GroupNormConcat().eval(), torch.randn(2, 3, 8, 8)
+    dg = analyze(model, x, capture="export")
+    assert not dg.unknown_ops, dg.unknown_ops
+    assert all(g.prunable for g in dg.groups_of("a") + dg.groups_of("b")), [g.reasons for g in dg.groups]
+    result = prunefx.prune(model, x, PlanConfig(ratio=0.5), capture="export", bias_compensation=False)
+    assert result.verified.ok and result.frozen_by_check == (), result.verified.message
+    assert model.gn.weight.shape[0] < 16 and model.gn.weight.shape[0] % 4 == 0  # equal positions kept per group

@@ -15,7 +15,16 @@ from prunefx.analysis.labels import Lab
 from prunefx.analysis.roles import IN, OUT
 from prunefx.analysis.rules._algebra import norm_dim, op_name, pointwise, reshape, size_args, weight_owner
 from prunefx.analysis.rules._registry import register_rule
-from prunefx.analysis.rules.linalg import _contract, batch_norm_fn, conv_fn, linear_fn, matmul, norm_fn, sdpa
+from prunefx.analysis.rules.linalg import (
+    _contract,
+    _group_norm_fn,
+    batch_norm_fn,
+    conv_fn,
+    linear_fn,
+    matmul,
+    norm_fn,
+    sdpa,
+)
 from prunefx.analysis.rules.reduce import NORMS, REDUCTIONS, pad, reduction, softmax, spatial
 from prunefx.analysis.rules.shape import (
     cat,
@@ -83,6 +92,14 @@ def assertion(ctx) -> None:
 # ---- layers (the shared rules record members under the module owning the weight) ---------------------------------
 register_rule(aten.linear.default)(linear_fn)
 register_rule(aten.layer_norm.default)(norm_fn)
+
+
+@register_rule(aten.group_norm.default)
+def group_norm(ctx) -> Lab:
+    """aten.group_norm(x, num_groups, weight, bias, eps, cudnn_enabled): F.group_norm's arguments, same rule."""
+    return _group_norm_fn(ctx, ctx.lab(ctx.args[0]), [a for a in ctx.args[2:4] if ctx.is_tensor(a)])
+
+
 register_rule(aten.batch_norm.default)(batch_norm_fn)
 register_rule(aten.conv1d.default, aten.conv2d.default, aten.conv3d.default)(conv_fn)
 register_rule(aten.matmul.default, aten.mm.default, aten.bmm.default)(matmul)
@@ -139,7 +156,7 @@ register_rule(aten.transpose.int)(transpose)
 register_rule(aten.unsqueeze.default)(unsqueeze)
 register_rule(aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default)(squeeze)
 register_rule(aten.expand.default)(expand)
-register_rule(aten.cat.default)(cat)
+register_rule(aten.cat.default, aten.concat.default)(cat)
 register_rule(aten.stack.default)(stack)
 register_rule(aten.split.Tensor, aten.split_with_sizes.default, aten.chunk.default)(split)
 register_rule(aten.unbind.int)(unbind)

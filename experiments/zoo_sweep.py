@@ -298,9 +298,10 @@ def write_tables(rows: list[dict[str, Any]], tp_rows: dict[str, dict[str, Any]],
         f"- pruned and verified with at least half of the channels prunable: **{pct(s['half'])}** (goal >= 95%)",
         "", "## Per zoo", "",
     ]  # fmt: skip
-    per = [[z, sum(c.values()), *(c.get(st, 0) for st in statuses)] for z, c in s["per_zoo"].items()]
-    lines += table.md_table(["zoo", "models", *statuses], [*per, ["all", s["n"], *(
-        sum(c.get(st, 0) for c in s["per_zoo"].values()) for st in statuses)]])
+    half = Counter(r["zoo"] for r in rows if r["status"] in GOOD[:2] and (r.get("prunable_share") or 0) >= 0.5)
+    per = [[z, sum(c.values()), *(c.get(st, 0) for st in statuses), half[z]] for z, c in s["per_zoo"].items()]
+    lines += table.md_table(["zoo", "models", *statuses, "pruned with >= 50% prunable"], [*per, ["all", s["n"], *(
+        sum(c.get(st, 0) for c in s["per_zoo"].values()) for st in statuses), s["half"]]])
     tp = Counter(r["tp_status"] for r in rows if r.get("tp_status"))
     if tp:
         runs = sorted({r["tp_run"] for r in rows if r.get("tp_run")})

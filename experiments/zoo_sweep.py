@@ -276,7 +276,7 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def write_tables(rows: list[dict[str, Any]], tp_rows: dict[str, dict[str, Any]], stem: Path,
-                 info: dict[str, str]) -> Path:
+                 info: dict[str, str], not_run: list[str] = ()) -> Path:
     """``<stem>.csv`` and ``<stem>.md`` from the rows (model order as in the zoo list)."""
     order = {m: i for i, m in enumerate(zoo.model_ids())}
     rows = sorted(rows, key=lambda r: order.get(r["model"], len(order)))
@@ -292,7 +292,8 @@ def write_tables(rows: list[dict[str, Any]], tp_rows: dict[str, dict[str, Any]],
     lines += [f"- {k}: {v}" for k, v in info.items()]
     lines += [
         "", "Produced by `python -m experiments.run zoo_sweep --run` (experiments/zoo_sweep.py; models in "
-        "experiments/_zoo_models.py). Every model in its own `nice -n 15` worker with 1 torch thread.", "",
+        "experiments/_zoo_models.py). Every model in its own worker (forked, `nice` 15, 1 torch thread).", "",
+        *([f"Not run yet ({len(not_run)}, not counted below): {', '.join(not_run)}.", ""] if not_run else []),
         "## Goals (issue 15)", "",
         f"- OK or frozen with a stated reason: **{pct(s['good'])}** (goal 100%)",
         f"- pruned and verified with at least half of the channels prunable: **{pct(s['half'])}** (goal >= 95%)",
@@ -380,8 +381,9 @@ def main(argv: list[str] | None = None) -> Path | None:
                 print("Torch-Pruning is not installed: its column stays empty (pip install torch-pruning==1.6.1)")
         info["load average at end (1/5/15 min)"] = " ".join(f"{v:.1f}" for v in os.getloadavg())
         info_path.write_text(json.dumps(info, indent=1) + "\n")
-    rows = [{"zoo": m.split(":", 1)[0], **r} for m, r in _read(path).items() if m in ids]
-    md = write_tables(rows, _read(tp_path), out / stem, info)
+    stored = _read(path)
+    rows = [{"zoo": m.split(":", 1)[0], **r} for m, r in stored.items() if m in ids]
+    md = write_tables(rows, _read(tp_path), out / stem, info, not_run=[m for m in ids if m not in stored])
     print(md.read_text().split("## Models")[0])
     return md
 

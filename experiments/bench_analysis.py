@@ -1,8 +1,8 @@
 """How long channel-dependency analysis takes on the torchvision zoo, prunefx vs Torch-Pruning.
 
-    python experiments/bench_analysis.py                  # every torchvision classification model
-    python experiments/bench_analysis.py --quick          # 3 small models, 1 repeat (CI smoke test)
-    python experiments/bench_analysis.py --models resnet50,swin_t --repeats 5
+    python -m experiments.bench_analysis                  # every torchvision classification model
+    python -m experiments.bench_analysis --quick          # 3 small models, 1 repeat (CI smoke test)
+    python -m experiments.bench_analysis --models resnet50,swin_t --repeats 5
 
 What is timed, per model, in one worker process (the median of ``--repeats`` runs, after an untimed warm-up
 of both tools on a tiny model so that no lazy import is counted):

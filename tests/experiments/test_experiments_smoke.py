@@ -1,4 +1,4 @@
-"""experiments/bench_analysis.py --quick runs end to end and writes a well-formed CSV and Markdown report."""
+"""python -m experiments.bench_analysis --quick runs end to end and writes a well-formed CSV and Markdown report."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def _load_script():
 def test_bench_analysis_quick_writes_csv_and_md(tmp_path):
     bench = _load_script()
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--out", str(tmp_path), "--timeout", "120"],
+        [sys.executable, "-m", "experiments.bench_analysis", "--quick", "--out", str(tmp_path), "--timeout", "120"],
         capture_output=True, text=True, timeout=600, cwd=ROOT,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -54,7 +54,7 @@ def test_bench_analysis_quick_writes_csv_and_md(tmp_path):
             assert r["tp_real_status"] == r["tp_meta_status"] == ""
 
     md = (tmp_path / "analysis_speed.md").read_text()
-    keys = ("- date:", "- machine:", "logical CPUs", "- threads: 2", "- torch:", "- repeats: 1", "median")
+    keys = ("- date:", "- machine:", "logical CPUs", "- torch threads: 2", "- torch:", "- repeats: 1", "median")
     keys += ("- torch-pruning:",)
     for key in keys:
         assert key in md, key

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import math
 import os
 import platform
@@ -43,13 +42,12 @@ AVERAGED = ("map50_95_baseline", "map50_95_sparse", "map50_95_pruned", "map50_95
 def run_one(model: str, target: float, runs: Path, extra: list[str], baseline: Path | None,
             seed: int | None = None, resume: bool = False) -> dict:
     from prunefx.pipeline import run_config
-    from prunefx.pipeline.rundir import STATE
+    from prunefx.pipeline.rundir import STATE, read_state
     from prunefx.report import load_report
 
     name = f"{model}-flops{target:g}" + (f"-seed{seed}" if seed is not None else "")
     # --resume: a finished run is read back, an interrupted one continues after its last finished stage
-    state = runs / name / STATE
-    status = json.loads(state.read_text()).get("status") if resume and state.is_file() else None
+    status = read_state(runs / name).get("status") if resume and (runs / name / STATE).is_file() else None
     again = "resume=true" if status is not None else "exist_ok=true"
     overrides = [*extra, f"model={baseline or model + '.yaml'}", f"prune.target.flops={target}",
                  *([f"seed={seed}"] if seed is not None else []), f"project={runs}", f"name={name}", again]
@@ -141,9 +139,9 @@ def control(kind: str, model: str, target: float, runs: Path, extra: list[str], 
 
 def _minutes(root: Path, start: float) -> float:
     """Minutes the run's stages took (recorded in its state, so a resumed run counts every stage once)."""
-    from prunefx.pipeline.rundir import STATE
+    from prunefx.pipeline.rundir import read_state
 
-    stages = json.loads((root / STATE).read_text()).get("stages", {})
+    stages = read_state(root).get("stages", {})
     recorded = [s["seconds"] for s in stages.values() if isinstance(s, dict) and "seconds" in s]
     return sum(recorded) / 60 if recorded else (time.perf_counter() - start) / 60
 

@@ -130,14 +130,21 @@ def render_markdown(report: Mapping[str, Any], plots: Sequence[str] = ()) -> str
 
 def _controls_section(report: Mapping[str, Any]) -> list[str]:
     """The controls' table and, last in report.md, the verdict drawn from the report's numbers."""
+    table = controls_table(report)
+    if table is None:
+        return []
+    return ["", "## Controls", "", *_md_table(*table), "", "## Verdict", "", *verdict(report)]
+
+
+def controls_table(report: Mapping[str, Any]) -> tuple[list[str], list[list[str]]] | None:
+    """The controls' header and cells (report.md and report.html show the same), None when the run has none."""
     controls = report.get("controls")
     if not controls or not controls.get("runs"):
-        return []
+        return None
     metrics = list(dict.fromkeys(k for r in controls["runs"] for k in r["metrics"]))
     rows = [[r["name"], r["what"], str(r["epochs"]), f"{r['flops'] / 1e9:.4g}", f"{r['params'] / 1e6:.4g}",
              *(f"{r['metrics'][k]:.4g}" if k in r["metrics"] else "-" for k in metrics)] for r in controls["runs"]]
-    header = ["control", "what", "epochs", "GFLOPs", "params (M)", *metrics]
-    return ["", "## Controls", "", *_md_table(header, rows), "", "## Verdict", "", *verdict(report)]
+    return ["control", "what", "epochs", "GFLOPs", "params (M)", *metrics], rows
 
 
 def _timing_line(timing: Mapping[str, Any] | None) -> list[str]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import html
 import json
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -19,10 +20,13 @@ from typing import Any
 from prunefx._io import atomic_write
 from prunefx.errors import PrunefxError
 from prunefx.html.page import GRAPH_SCHEMA, asset, graph_page
-from prunefx.report.render import _COST_COLUMNS, _metric_names, _row
+from prunefx.report.render import _COST_COLUMNS, _metric_names, _row, controls_table
 from prunefx.report.report import validate_report
+from prunefx.report.verdict import verdict
 
 GRAPH_NAME = "graph.json"  # in a run directory, next to plan.json
+_BOLD = re.compile(r"[*][*](.+?)[*][*]")  # markdown emphasis in verdict()
+_STRONG = r"<strong>\1</strong>"
 
 
 def write_graph(run_dir: str | os.PathLike[str], graph: Mapping[str, Any]) -> Path:
@@ -62,6 +66,20 @@ def _metrics_table(report: Mapping[str, Any]) -> str:
     return f'<table class="metrics"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>'
 
 
+def _controls(report: Mapping[str, Any]) -> str:
+    """The controls' table and the verdict, as report.md ends with them (empty when the run has no controls)."""
+    table = controls_table(report)
+    if table is None:
+        return ""
+    header, rows = table
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
+    # verdict() writes markdown bold around the sentences that answer the question; keep that emphasis
+    sentences = "".join(f'<p class="verdict">{_BOLD.sub(_STRONG, html.escape(line))}</p>' for line in verdict(report))
+    return (f'<h3>Controls</h3><table class="metrics controls"><thead><tr>{head}</tr></thead><tbody>{body}</tbody>'
+            f"</table><h3>Verdict</h3>{sentences}")
+
+
 def _section(report: Mapping[str, Any]) -> str:
     settings = report.get("settings", {})
     notes = [f"Created {report['created']} with prunefx {report['prunefx']}. Costs: relative change vs baseline in "
@@ -71,7 +89,7 @@ def _section(report: Mapping[str, Any]) -> str:
     paragraphs = "".join(f'<p class="note">{html.escape(n)}</p>' for n in notes)
     stages = " / ".join(report["stages"])
     return (f'<section class="report"><details open><summary>Results: {html.escape(stages)}</summary>'
-            f"{_metrics_table(report)}{paragraphs}</details></section>")
+            f"{_metrics_table(report)}{paragraphs}{_controls(report)}</details></section>")
 
 
 def _widths_only(title: str, report: Mapping[str, Any]) -> str:

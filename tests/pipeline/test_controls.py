@@ -91,6 +91,21 @@ def test_no_controls_no_verdict() -> None:
     assert "## Verdict" not in render_markdown(report)
 
 
+def test_report_html_shows_the_controls_and_the_verdict() -> None:
+    from prunefx.report.report_html import report_html
+
+    report = _report(0.812, 0.800, 0.830, 0.812)
+    page = report_html(report)
+    assert "<h3>Controls</h3>" in page and "<h3>Verdict</h3>" in page
+    for name in ("narrow", "narrow_ft", "scratch"):
+        assert f"<td>{name}</td>" in page
+    # the same sentences as report.md, the answering ones emphasised, nothing left as markdown
+    assert "<strong>Pruned beats the narrow model by 1.2 points at equal GFLOPs and equal total epochs</strong>" in page
+    assert "**" not in page
+    del report["controls"]
+    assert "<h3>Verdict</h3>" not in report_html(report)
+
+
 def _points(text: str) -> list[float]:
     return [float(v) for v in re.findall(r"by (\d+\.\d) points", text)]
 

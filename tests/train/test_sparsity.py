@@ -75,6 +75,26 @@ def test_select_breaks_exact_ties_across_layers_not_by_index():
         BNSparsity(model, select=1.0)
 
 
+def test_select_never_takes_more_than_layer_cap_of_one_batchnorm():
+    model = _mlp()
+    with torch.no_grad():
+        model[1].weight.copy_(torch.linspace(0.01, 0.08, 8))  # the whole first layer is smaller than the second
+        model[4].weight.copy_(torch.linspace(0.5, 1.0, 6))
+    masks = BNSparsity(model, s=0.01, select=0.5).selected()
+    assert [int(m.sum()) for m in masks] == [7, 0]  # the global rank alone takes 7 of 8 from the first layer
+    masks = BNSparsity(model, s=0.01, select=0.5, layer_cap=0.5).selected()
+    assert [int(m.sum()) for m in masks] == [4, 3]  # 4 = floor(0.5 * 8); the rest are the second layer's smallest
+    assert torch.equal(masks[0], (model[1].weight < 0.045).float())
+    assert torch.equal(masks[1], (model[4].weight < 0.75).float())
+    with pytest.raises(PrunefxError, match="layer_cap"):
+        BNSparsity(model, select=0.5, layer_cap=0.0)
+    # the one config setting reaches the regulariser the pipelines attach
+    sp = SparsityConfig(selective=True, layer_cap=0.5).regularizer(model, total_steps=10)
+    assert [int(m.sum()) for m in sp.selected()] == [4, 3]
+    with pytest.raises(PrunefxError, match="layer_cap"):
+        SparsityConfig(selective=True, layer_cap=1.5)
+
+
 @pytest.mark.parametrize("explicit_unscale", [True, False])
 def test_hook_runs_after_grad_scaler_unscales(explicit_unscale):
     model = _mlp()

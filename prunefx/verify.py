@@ -1,8 +1,8 @@
 """The oracle: a pruned model must equal the original with the pruned channels masked to zero.
 
 The masked run interprets the ORIGINAL model's fx graph and zeroes every pruned channel at every
-tensor it appears in (labels from the analysis); it shares no code with the rewrite, which slices
-weights: the masks are derived here from the plan and the channel classes, independently. Both runs use
+tensor it appears in (labels from the analysis), and channels that live only inside a leaf module (the heads of
+nn.MultiheadAttention) in that module's weights; it shares no code with the rewrite, which slices weights: the masks are derived here from the plan and the channel classes, independently. Both runs use
 the training-mode graph (every layer that learns, e.g. YOLO's raw head outputs) with evaluation semantics
 (:class:`prunefx.capture.semantics.EvalInterpreter`: modules in eval mode, BatchNorm on running stats, dropout
 and drop-path the identity, random draws replaced by their expectation), under no_grad, so both runs are
@@ -196,6 +196,39 @@ def _mask_specs(dg: DependencyGraph, plan: PruningPlan) -> dict[str, Any]:
     return specs
 
 
+def _inside_specs(dg: DependencyGraph, plan: PruningPlan) -> list[tuple[str, int, torch.Tensor]]:
+    """(parameter, dim, 0/1 mask) for every removed channel that lives only inside a leaf module (attention heads):
+    no graph edge carries those channels, so they are masked in the original's weights instead."""
+    removed = _removed_classes(dg, plan)
+    out = []
+    for key in sorted(dg.inside, key=str):
+        roots = dg.atoms.find(dg.record_roots[key])
+        keep = ~((roots >= 0) & np.isin(roots, removed))
+        if not keep.all():
+            out.append((key.name, key.role.dim, torch.from_numpy(keep.astype(np.float32))))
+    return out
+
+
+@contextlib.contextmanager
+def _weights_masked(gm: nn.Module, specs: list[tuple[str, int, torch.Tensor]]) -> Iterator[None]:
+    """``gm``'s parameters with the removed inside positions zeroed for the block, then put back as they were."""
+    saved = []
+    try:
+        with torch.no_grad():
+            for name, dim, keep in specs:
+                owner, _, attr = name.rpartition(".")
+                t = getattr(gm.get_submodule(owner), attr)
+                saved.append((t, t.detach().clone()))
+                shape = [1] * t.dim()
+                shape[dim] = -1
+                t.mul_(keep.to(t.dtype).view(shape))
+        yield
+    finally:
+        with torch.no_grad():
+            for t, value in saved:
+                t.copy_(value)
+
+
 def _outputs(x: Any, free: tuple[str, ...] = ()) -> list[torch.Tensor]:
     """Output tensors, without the entries whose width may change (``free_outputs``)."""
     return [t for t in tree_flatten(drop_keys(x, free))[0] if isinstance(t, torch.Tensor)]
@@ -214,15 +247,19 @@ def masked_outputs(
 ) -> list[torch.Tensor]:
     """Outputs of the original model's graph with every pruned channel zeroed wherever it appears."""
     validate_plan(dg, plan, graph_rewrite=True)
-    with training_mode(dg.gm, False), torch.no_grad():
+    with training_mode(dg.gm, False), torch.no_grad(), _weights_masked(dg.gm, _inside_specs(dg, plan)):
         return _outputs(_EvalGraph(dg.gm, _mask_specs(dg, plan)).run(*example_inputs), default_free_outputs(original))
 
 
-def _compare(ref_gm: fx.GraphModule, masks: dict, gm: fx.GraphModule, inputs: tuple, free: tuple, tol: float):
-    """Per-output relative errors of ``gm`` against the masked ``ref_gm``, and notes on replayed discrete ops."""
+def _compare(ref_gm: fx.GraphModule, masks: tuple[dict, list], gm: fx.GraphModule, inputs: tuple, free: tuple,
+             tol: float):
+    """Per-output relative errors of ``gm`` against the masked ``ref_gm``, and notes on replayed discrete ops.
+
+    ``masks``: per node the (dim, mask) of removed channels, and the inside weights to zero (``_inside_specs``)."""
     record: list = []
-    with training_mode(ref_gm, False), torch.no_grad():
-        reference = _outputs(_EvalGraph(ref_gm, masks, record=record).run(*inputs), free)
+    nodes, weights = masks
+    with training_mode(ref_gm, False), torch.no_grad(), _weights_masked(ref_gm, weights):
+        reference = _outputs(_EvalGraph(ref_gm, nodes, record=record).run(*inputs), free)
     run = _EvalGraph(gm, replay=record, tol=tol)
     try:
         with training_mode(gm, False), torch.no_grad():
@@ -272,7 +309,7 @@ def verify(
         raise PlanError("dg must be the analysis of `original` (the unpruned copy), not of the pruned model")
     dg = dg or analyze(original, example_inputs, capture=capture)
     validate_plan(dg, plan, graph_rewrite=True)
-    masks = _mask_specs(dg, plan)
+    masks = _mask_specs(dg, plan), _inside_specs(dg, plan)
     free = default_free_outputs(original)
     # captured as the analysis was: an export graph runs the pruned model's own forward (rewritten literals)
     if dg.capture == "export":

@@ -76,6 +76,7 @@ def analyze(
         node_labels={n.name: v for n, v in engine.env.items()},
         input_shapes=tuple(tuple(x.shape) for x in example_inputs if isinstance(x, torch.Tensor)),
         capture=how,
+        inside=frozenset(state.inside),
     )
 
 

@@ -4,7 +4,9 @@ The engine owns the atom table and the records a rewrite needs later:
 - module members: (module, role) -> atoms, e.g. ("layer1.0.conv1", OUT);
 - parameter slices: (parameter, dim) -> atoms, the single truth of what gets sliced;
 - graph constants: literal ints in the graph that count channels (``view(b, 512, -1)``);
-- equal-count ties: channel segments that must keep equally many channels (``chunk(2)``).
+- equal-count ties: channel segments that must keep equally many channels (``chunk(2)``);
+- inside: parameter dims whose channels exist only inside a leaf's forward (attention heads), masked by the oracle
+  in the weights.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class EngineState:
     unknown: dict[str, str] = field(default_factory=dict)  # node name -> description of the op without a rule
     products: list[Product] = field(default_factory=list)  # reshapes splitting / merging channel dims
     batch_tags: list[np.ndarray] = field(default_factory=list)  # channels that index slices of a contraction
+    inside: set[RecordKey] = field(default_factory=set)  # parameter dims whose channels no graph edge carries
 
 
 def _flatten(x: Any) -> list[Any]:
@@ -180,6 +183,13 @@ class Ctx:
     def param(self, qualname: str, dim: int, atoms: np.ndarray) -> None:
         """Record that dim ``dim`` of parameter/buffer ``qualname`` is indexed by these channels."""
         self._record(Kind.PARAM, qualname, ParamDim(dim), atoms)
+
+    def inside(self, qualname: str, dim: int, atoms: np.ndarray) -> None:
+        """As :meth:`param`, for channels that live only inside a leaf module's forward (the heads of
+        nn.MultiheadAttention): no graph edge carries them, so the oracle masks them by zeroing these positions of
+        the original's parameter."""
+        self.param(qualname, dim, atoms)
+        self.state.inside.add(RecordKey(Kind.PARAM, qualname, ParamDim(dim)))
 
     def constant(self, path: tuple, atoms: np.ndarray) -> None:
         """A literal at ``("args", i, j...)`` in this node's arguments that equals the number of kept positions."""

@@ -38,6 +38,9 @@ class DependencyGraph:
     capture: str = "fx"  # how the graph was captured: "fx" (training-mode trace) or "export" (ATen, eval mode)
     # (group id, reason) of groups that prune() froze because pruning them failed the exactness check
     frozen_by_check: tuple[tuple[int, str], ...] = ()
+    # parameter dims whose channels live only inside a leaf module (nn.MultiheadAttention's heads): the oracle
+    # zeroes the removed positions of these weights, since no graph edge carries those channels
+    inside: frozenset[RecordKey] = frozenset()
 
     def with_frozen(self, items: tuple[tuple[int, str], ...]) -> DependencyGraph:
         """A copy in which groups ``(id, reason)`` are frozen with that reason (the rest shared, not copied)."""

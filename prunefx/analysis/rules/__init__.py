@@ -7,6 +7,7 @@ from prunefx.analysis.rules import (  # noqa: F401 - registration side effects
     index,
     layers,
     linalg,
+    mha,
     reduce,
     shape,
 )

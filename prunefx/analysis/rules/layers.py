@@ -164,14 +164,3 @@ def prelu(ctx) -> Lab:
     if ctx.module.num_parameters > 1:
         _per_channel(ctx, lab, 1, ("weight",))
     return lab
-
-
-@register_rule(nn.MultiheadAttention)
-def multihead_attention(ctx) -> tuple:
-    # nn.MultiheadAttention ties embed_dim to num_heads * head_dim and to its in/out projections in one
-    # attribute; its channels are frozen rather than rewritten.
-    for a in ctx.args[:3]:
-        if ctx.is_tensor(a):
-            ctx.freeze(ctx.lab(a), "nn.MultiheadAttention ties embed_dim to its heads")
-    out = ctx.out
-    return tuple(Lab.none(t.dim()) if t is not None else None for t in out)

@@ -2,7 +2,8 @@
 
 The masked run interprets the ORIGINAL model's fx graph and zeroes every pruned channel at every
 tensor it appears in (labels from the analysis), and channels that live only inside a leaf module (the heads of
-nn.MultiheadAttention) in that module's weights; it shares no code with the rewrite, which slices weights: the masks are derived here from the plan and the channel classes, independently. Both runs use
+nn.MultiheadAttention) in that module's weights; it shares no code with the rewrite, which slices weights: the
+masks are derived here from the plan and the channel classes, independently. Both runs use
 the training-mode graph (every layer that learns, e.g. YOLO's raw head outputs) with evaluation semantics
 (:class:`prunefx.capture.semantics.EvalInterpreter`: modules in eval mode, BatchNorm on running stats, dropout
 and drop-path the identity, random draws replaced by their expectation), under no_grad, so both runs are

@@ -1,6 +1,6 @@
 """ONNX export: the file ONNX Runtime runs equals the PyTorch model (1e-4, checked here independently of the export's
-own check) for ResNet-18, MobileNetV2, a pruned ResNet-18, a pruned ViT-B/16 (its MLP widths: the analysis freezes
-nn.MultiheadAttention's heads) and a pruned YOLOv8n (ultralytics' exporter); bad input is one clear error."""
+own check) for ResNet-18, MobileNetV2, a pruned ResNet-18, a pruned ViT-B/16 (attention heads, as
+PrunedMultiheadAttention, and MLP widths) and a pruned YOLOv8n (ultralytics' exporter); bad input is one clear error."""
 
 import sys
 
@@ -49,7 +49,8 @@ def test_pruned_vit_b16_export_equals_pytorch(tmp_path) -> None:
     torch.nn.init.normal_(model.heads.head.weight, std=0.02)  # torchvision zero-initialises the head
     x = torch.randn(1, 3, 224, 224)
     result = prunefx.prune(model, x, prunefx.PlanConfig(ratio=0.5, scope="local"), criterion="l2")
-    assert all("mlp" in result.graph.groups[g.group].label for g in result.plan.pruned)  # MLP widths only
+    labels = [result.graph.groups[g.group].label for g in result.plan.pruned]
+    assert sum("self_attention" in s for s in labels) == 12 and sum("mlp" in s for s in labels) == 12  # heads, MLPs
     exported = export_onnx(model, x, tmp_path / "vit.onnx")
     with torch.no_grad():
         expected = model(x)

@@ -26,9 +26,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:The default weight initializatio
 # Ops without a rule that these models are allowed to hit, and why they are acceptable (channels touching
 # them are frozen, never guessed).
 SWIN_WRAPPED = {
-    # torchvision marks these with torch.fx.wrap, so each is one opaque call in the graph:
-    "torchvision.models.swin_transformer.shifted_window_attention",  # qkv, heads, roll, masks, proj in one call
-    "torchvision.models.swin_transformer._get_relative_position_bias",  # gathers the bias table by index
+    # torchvision marks it with torch.fx.wrap, so it is one opaque call in the graph (its attention and relative
+    # position bias, wrapped too, have rules in prunefx.integrations.swin)
     "torchvision.models.swin_transformer._patch_merging_pad",  # pads H, W before the 2x2 patch merge
 }
 UNKNOWN_OPS_ALLOWED = {

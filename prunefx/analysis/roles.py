@@ -43,7 +43,8 @@ class In:
 
 @dataclass(frozen=True)
 class Channel:
-    """The channels of a per-channel layer (BatchNorm, GroupNorm, PReLU): input and output are the same."""
+    """The channels of a per-channel layer (BatchNorm, GroupNorm, PReLU): input and output are the same; or a layer's
+    inner channels between its input and output (the heads' rows of nn.MultiheadAttention)."""
 
     def __str__(self) -> str:
         return "channel"

@@ -28,8 +28,8 @@ class CostModel:
             self.macs_total, per_module = graph_macs(dg)
             self.params_total = float(sum(p.numel() for p in model.parameters()))
         else:
-            m = measure(model, example_inputs, by="leaf")
-            self.macs_total, per_module = float(m.macs), m.per_module
+            m = measure(model, example_inputs, by="module")
+            self.macs_total, per_module = float(m.macs), _own_macs(model, m.per_module)
             self.params_total = float(m.params)
         # every group channel's class id, sorted, with its (group id, channel index)
         roots = np.concatenate([g.roots for g in dg.groups]) if dg.groups else np.empty(0, np.int64)
@@ -88,6 +88,19 @@ class CostModel:
         return self.params_total - self._params_scaled + scaled
 
 
+
+
+def _own_macs(model: nn.Module, per_module: dict[str, int]) -> dict[str, float]:
+    """Each module's MACs without its children's: a leaf's all, a layer computing with its own weights besides
+    children (nn.MultiheadAttention's projections and attention; its out_proj is never called) its own part."""
+    named = dict(model.named_modules())
+    own = {}
+    for name, macs in per_module.items():
+        children = (f"{name}.{c}" if name else c for c, _ in named[name].named_children()) if name in named else ()
+        rest = macs - sum(per_module.get(c, 0) for c in children)
+        if rest > 0:
+            own[name] = float(rest)
+    return own
 
 
 _CONTRACTIONS = {"linear", "addmm", "mm", "bmm", "matmul", "conv1d", "conv2d", "conv3d", "scaled_dot_product_attention"}

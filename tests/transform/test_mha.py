@@ -208,6 +208,7 @@ def test_small_vit_heads_pruned_at_30_percent_verified_counted_and_reloaded(tmp_
     tokens, before, after = 2 * 5, measure(original, x).macs, measure(result.model, x).macs
     attn = lambda h: tokens * 64 * 3 * 16 * h + tokens * 16 * h * 64 + 2 * 2 * h * 5 * 5 * 16  # noqa: E731
     assert before - after == 2 * (attn(4) - attn(3)) + sum(2 * tokens * 64 * (128 - k) for k in mlp)
+    assert result.plan.estimate["macs_after"] == pytest.approx(after, rel=1e-9)  # the cost model sees the heads
     path = prunefx.save(result.model, result.plan, tmp_path / "vit.pt")
     back = prunefx.load(path, lambda: _small_vit()).eval()
     assert type(back.encoder.layers[1].self_attention) is PrunedMultiheadAttention

@@ -17,7 +17,7 @@ import numpy as np
 from torch import nn
 
 from prunefx.analysis.labels import Lab
-from prunefx.analysis.roles import IN, OUT
+from prunefx.analysis.roles import CHANNEL, IN, OUT
 from prunefx.analysis.rules._registry import register_rule
 
 _ARGS = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_mask", "average_attn_weights", "is_causal")
@@ -92,7 +92,8 @@ def multihead_attention(ctx, swappable: bool = True) -> tuple:
         if getattr(m, b) is not None:
             ctx.inside(f"{name}.{b}", 2, rows)
     ctx.inside(f"{name}.out_proj.weight", 1, rows)
-    ctx.member(IN, rows, name=f"{name}.out_proj")
+    ctx.member(IN, rows, name=f"{name}.out_proj")  # first: it names the group
+    ctx.member(CHANNEL, rows)  # the inner width: the layer's MACs scale with its heads (plan.cost)
     res = ctx.fresh(n_out)
     ctx.param(f"{name}.out_proj.weight", 0, res)
     if m.out_proj.bias is not None:

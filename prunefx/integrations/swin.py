@@ -22,7 +22,7 @@ from torchvision.models import swin_transformer as tv_swin
 from torchvision.models.swin_transformer import ShiftedWindowAttention, ShiftedWindowAttentionV2
 
 from prunefx.analysis.labels import Lab
-from prunefx.analysis.roles import IN, OUT
+from prunefx.analysis.roles import CHANNEL, IN, OUT
 from prunefx.analysis.rules import register_rule
 from prunefx.analysis.rules._algebra import weight_owner
 from prunefx.transform.fixers import register_fixer
@@ -176,6 +176,10 @@ def _window_attention(ctx) -> Lab:
             for role, atoms in ((OUT, lab.dims[0]), (IN, lab.dims[1])):
                 if atoms is not None:
                     ctx.member(role, atoms, name=owner)
+    if ctx.owner() in ctx.engine.modules:  # the attention module computes it all: its MACs scale with its heads
+        for role, atoms in ((IN, lx.dims[-1]), (CHANNEL, rows), (OUT, out)):
+            if atoms is not None:
+                ctx.member(role, atoms, name=ctx.owner())
     return Lab((*([None] * (lx.ndim - 1)), out))
 
 

@@ -228,3 +228,31 @@ def test_vit_b_16_heads_pruned_at_30_percent_pass_the_oracle():
     heads = [g for g in result.plan.pruned if "self_attention" in result.graph.groups[g.group].label]
     assert len(heads) == 12 and all(len(g.keep) == 9 for g in heads)  # 12 heads -> 9 in every layer
     assert sum(p.numel() for p in result.model.parameters()) < params
+
+
+class _Shared(nn.Module):
+    """One attention layer called twice, its query straight from the model input the second time."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.att = nn.MultiheadAttention(16, 4, batch_first=True)
+        self.fc = nn.Linear(16, 3)
+
+    def forward(self, x):
+        a = self.att(x, x, x, need_weights=False)[0]
+        b = self.att(a, a, a, need_weights=False)[0]
+        return self.fc(a + b)
+
+
+def test_a_layer_called_twice_shares_its_heads_and_a_pruned_model_prunes_again():
+    torch.manual_seed(0)
+    model, x = _Shared().eval(), torch.randn(2, 5, 16)
+    dg = prunefx.analyze(model, x)
+    (heads,) = [g for g in dg.groups if any("one unit per head of att" in c for c in g.constraints)]
+    assert heads.prunable and heads.channels == 4  # both calls' heads are the same 4 units
+    assert not dg.group_of("fc", IN).prunable  # the first call reads in_proj's columns from the model input
+    result = prunefx.prune(model, x, PlanConfig(ratio=0.5, scope="local"), criterion="l2")
+    assert result.verified.ok and model.att.num_heads == 2, result.verified.message
+    assert result.frozen_by_check == ()  # the analysis knew: nothing had to be undone after the oracle
+    again = prunefx.prune(model, x, PlanConfig(ratio=0.5, scope="local"), criterion="l2")  # the pruned class
+    assert again.verified.ok and type(model.att) is PrunedMultiheadAttention and model.att.num_heads == 1

@@ -45,6 +45,12 @@ def _heads_blocked(ctx, m: nn.MultiheadAttention, mask) -> str | None:
     return None
 
 
+def _columns(ctx, param: str, atoms: np.ndarray | None, width: int) -> None:
+    """The input columns of a projection: the input's channels, or pinned (-1) when this call's input cannot be
+    sliced, so that another call of the same layer cannot prune them either."""
+    ctx.param(param, 1, atoms if atoms is not None else np.full(width, -1, dtype=np.int64))
+
+
 def multihead_attention(ctx, swappable: bool = True) -> tuple:
     """Rule for a call of nn.MultiheadAttention (``swappable``: the rewrite may give it the pruned forward)."""
     m, name = ctx.module, ctx.name
@@ -73,17 +79,15 @@ def multihead_attention(ctx, swappable: bool = True) -> tuple:
     if m._qkv_same_embed_dim:
         ctx.inside(f"{name}.in_proj_weight", 0, np.tile(rows, 3))
         given = [a for a in ins if a is not None]
-        if given and len(given) < 3:  # one weight's columns serve q, k and v: all of them or none
+        if len(given) < 3:  # one weight's columns serve q, k and v: all of them or none
             ctx.freeze(given, f"{who}: query, key and value share in_proj_weight's columns and one cannot be pruned")
-        elif given:
-            for a in given[1:]:
-                ctx.union(given[0], a, f"{who}: query, key and value share in_proj_weight's columns")
-            ctx.param(f"{name}.in_proj_weight", 1, given[0])
+        for a in given[1:]:
+            ctx.union(given[0], a, f"{who}: query, key and value share in_proj_weight's columns")
+        _columns(ctx, f"{name}.in_proj_weight", given[0] if len(given) == 3 else None, m.in_proj_weight.shape[1])
     else:
         for proj, a in zip(("q_proj_weight", "k_proj_weight", "v_proj_weight"), ins, strict=True):
             ctx.inside(f"{name}.{proj}", 0, rows)
-            if a is not None:
-                ctx.param(f"{name}.{proj}", 1, a)
+            _columns(ctx, f"{name}.{proj}", a, getattr(m, proj).shape[1])
     if ins[0] is not None:
         ctx.member(IN, ins[0])
     if m.in_proj_bias is not None:

@@ -39,6 +39,15 @@ SOURCE_KEY = "prunefx_source"  # node.meta: (file, line, function) of the model 
 _TORCH_DIR = str(torch.__file__).rsplit("/", 1)[0] + "/"
 
 
+# torch.nn modules that fx keeps as leaves (it never enters torch.nn) but whose forward is plain calls of layers
+# the analysis knows: the Transformer layers, built on nn.MultiheadAttention, Linear and LayerNorm. Traced in
+# training mode, their inference fast paths are never taken in the graph.
+_TRACED_TORCH_TYPES: frozenset[type[nn.Module]] = frozenset({
+    nn.TransformerEncoderLayer, nn.TransformerDecoderLayer, nn.TransformerEncoder, nn.TransformerDecoder,
+    nn.Transformer,
+})
+
+
 def register_leaf(*types: type[nn.Module]) -> None:
     """Treat modules of these types as opaque leaves when tracing (their channels are frozen
     unless an op rule for the type is registered with :func:`prunefx.register_rule`)."""
@@ -179,6 +188,8 @@ class PrunefxTracer(fx.Tracer):
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         if module_qualified_name in self.leaf_names or isinstance(m, tuple(_LEAF_TYPES)):
             return True
+        if type(m) in _TRACED_TORCH_TYPES:
+            return False
         return super().is_leaf_module(m, module_qualified_name)
 
     def call_module(self, m: nn.Module, forward: Any, args: tuple, kwargs: dict) -> Any:

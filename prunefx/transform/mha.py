@@ -142,3 +142,12 @@ def _fix_mha(m: nn.MultiheadAttention, widths: dict[ModuleRole, int]) -> None:
     m.out_proj.out_features, m.out_proj.in_features = m.out_proj.weight.shape
     if type(m) is nn.MultiheadAttention and not (inner == m.embed_dim == m.out_proj.out_features):
         m.__class__ = PrunedMultiheadAttention
+
+
+@register_fixer(nn.TransformerEncoderLayer)
+def _fix_encoder_layer(m: nn.TransformerEncoderLayer, widths: dict[ModuleRole, int]) -> None:
+    # The layer's (and nn.TransformerEncoder's) inference fast path hands self_attn's weights, embed_dim and
+    # num_heads to one fused kernel that assumes embed_dim == heads x head_dim. The flag below only selects that
+    # path (the slow path reads self.activation), so clearing it makes a pruned layer run its own modules.
+    if isinstance(m.self_attn, PrunedMultiheadAttention):
+        m.activation_relu_or_gelu = 0

@@ -1,5 +1,6 @@
 """nn.MultiheadAttention heads: one group per layer (exact rows / columns), pruned -> PrunedMultiheadAttention,
-the oracle (stock layer with the heads' weights zeroed) passes; what cannot be exact is frozen with a reason."""
+the oracle (stock layer with the heads' weights zeroed) passes; what cannot be exact is frozen with a reason; the
+torch.nn Transformer layers built on it are traced through."""
 
 import copy
 
@@ -256,3 +257,36 @@ def test_a_layer_called_twice_shares_its_heads_and_a_pruned_model_prunes_again()
     assert result.frozen_by_check == ()  # the analysis knew: nothing had to be undone after the oracle
     again = prunefx.prune(model, x, PlanConfig(ratio=0.5, scope="local"), criterion="l2")  # the pruned class
     assert again.verified.ok and type(model.att) is PrunedMultiheadAttention and model.att.num_heads == 1
+
+
+class _Seq2Seq(nn.Module):
+    """nn.Transformer (encoder self-attention, decoder self- and cross-attention) with causal and padding masks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 32), nn.Linear(8, 32)
+        self.t = nn.Transformer(32, 4, 1, 1, 64, batch_first=True)
+        self.t.encoder.use_nested_tensor = False  # FLOP counting cannot read nested tensors' sizes
+        self.fc = nn.Linear(32, 3)
+
+    def forward(self, x, y, pad):
+        causal = nn.Transformer.generate_square_subsequent_mask(y.shape[1])
+        return self.fc(self.t(self.a(x), self.b(y), tgt_mask=causal, src_key_padding_mask=pad))
+
+
+def test_transformer_layers_are_traced_through_and_their_heads_pruned():
+    torch.manual_seed(0)
+    model = _Seq2Seq().eval()
+    pad = torch.zeros(2, 6, dtype=torch.bool)
+    pad[1, -2:] = True
+    x = (torch.randn(2, 6, 8), torch.randn(2, 5, 8), pad)
+    dg = prunefx.analyze(model, x)
+    heads = [g for g in dg.groups if any(c.startswith("one unit per head of t.") for c in g.constraints)]
+    assert len(heads) == 3 and all(g.prunable and g.exact and g.channels == 4 for g in heads)
+    result = prunefx.prune(model, x, PlanConfig(ratio=0.5, scope="local", ignore=("a", "b")), criterion="l2")
+    assert result.verified.ok and result.verified.exact and result.frozen_by_check == (), result.verified.message
+    layer = model.t.encoder.layers[0]
+    assert type(layer.self_attn) is PrunedMultiheadAttention and layer.self_attn.num_heads == 2
+    assert layer.activation_relu_or_gelu == 0  # the fused inference path (stock head layout) is off
+    with torch.no_grad():  # eval + no_grad is where nn.TransformerEncoderLayer would take it
+        assert model(*x).shape == (2, 5, 3)

@@ -341,7 +341,7 @@ NOTE = (
     "CPU model, same input, same 50% target and 90% per-group cap, classifier outputs kept. Both get fresh copies "
     "of one model whose BatchNorm gammas were drawn from U(0.1, 1) so that bn_scale ranks channels rather than "
     "ties. The two targets are not the same measure: prunefx removes 50% of the channels of the groups it can "
-    "prune (ViT's embedding width is not prunable: nn.MultiheadAttention ties it to the heads; ConvNeXt's "
+    "prune (ViT's embedding width is not prunable: its forward hard-codes it; ConvNeXt's "
     "LayerNorm2d widths are skipped because the forward hard-codes them, unless graph_rewrite), Torch-Pruning "
     "removes 50% of the channels of the groups it scores (BNScaleImportance scores only groups containing a "
     "BatchNorm; it prunes ViT's embedding width and ConvNeXt's LayerNorms). Compare the params/GMACs columns "

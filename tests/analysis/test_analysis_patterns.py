@@ -1083,3 +1083,35 @@ def test_lazy_modules_are_initialised_by_one_forward_before_tracing():
     torch.testing.assert_close(gm.eval()(x), model.eval()(x))
     with pytest.raises(TraceFailure, match="lazy parameter"):
         prunefx.trace(nn.Sequential(nn.LazyLinear(2)))
+
+
+class _TwiceLinear(nn.Module):
+    """One Linear applied to the model input and again to its own output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l, self.fc = nn.Linear(8, 8), nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.fc(self.l(torch.relu(self.l(x))))
+
+
+class _TwiceConv(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.c, self.h = nn.Conv2d(4, 4, 3, padding=1), nn.Conv2d(4, 2, 1)
+
+    def forward(self, x):
+        return self.h(self.c(torch.relu(self.c(x))))
+
+
+@pytest.mark.parametrize(("cls", "shape"), [(_TwiceLinear, (2, 8)), (_TwiceConv, (1, 4, 6, 6))])
+def test_layer_called_on_the_model_input_and_again_keeps_its_input_columns(cls, shape):
+    # The second call feeds the layer its own output, whose channels alone would be prunable; but removing them
+    # also removes weight columns the first call needs for the (unprunable) model input: frozen, and said why.
+    model = cls()
+    dg = analyze(model, torch.randn(*shape))
+    (own,) = [g for g in dg.groups if g.label.startswith(("l out", "c out"))]
+    assert not own.prunable
+    assert any("kept" in r for r in own.reasons)
+    assert not any(g.prunable for g in dg.groups)

@@ -16,6 +16,12 @@ def _freeze_dims(ctx, lab: Lab, dims: range | list[int], why: str) -> None:
             ctx.freeze(lab.dims[d], why)
 
 
+def pin(ctx, qualname: str, dim: int, width: int) -> None:
+    """Record dim ``dim`` of a parameter as no channel (-1): this call's input cannot be sliced, so another call
+    of the same layer (a layer applied twice, once to the model's input) cannot prune those positions either."""
+    ctx.param(qualname, dim, np.full(width, -1, dtype=np.int64))
+
+
 def couple_blocks(ctx, atoms: np.ndarray, blocks: int, what: str) -> np.ndarray:
     """Merge position i of every block (grouped convs, GroupNorm): each block keeps the same positions,
     so per-block counts stay equal and ``groups`` stays valid. Returns the labels of one block."""
@@ -40,6 +46,8 @@ def _conv_batched(ctx, m, lab: Lab, transposed: bool) -> Lab:
     xin = lab.dims[1] if lab.ndim > 1 else None
     out = ctx.fresh(m.out_channels)
     w_in, w_out = (0, 1) if transposed else (1, 0)
+    if xin is None:
+        pin(ctx, f"{name}.weight", w_in, m.weight.shape[w_in])
     if g == 1:
         if xin is not None:
             ctx.member(IN, xin)
@@ -88,6 +96,8 @@ def linear(ctx) -> Lab:
     if xin is not None:
         ctx.member(IN, xin)
         ctx.param(f"{ctx.name}.weight", 1, xin)
+    else:
+        pin(ctx, f"{ctx.name}.weight", 1, m.in_features)
     out = ctx.fresh(m.out_features)
     ctx.member(OUT, out)
     ctx.param(f"{ctx.name}.weight", 0, out)

@@ -19,6 +19,7 @@ from torch import nn
 from prunefx.analysis.labels import Lab
 from prunefx.analysis.roles import CHANNEL, IN, OUT
 from prunefx.analysis.rules._registry import register_rule
+from prunefx.analysis.rules.layers import pin
 
 _ARGS = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_mask", "average_attn_weights", "is_causal")
 
@@ -46,9 +47,11 @@ def _heads_blocked(ctx, m: nn.MultiheadAttention, mask) -> str | None:
 
 
 def _columns(ctx, param: str, atoms: np.ndarray | None, width: int) -> None:
-    """The input columns of a projection: the input's channels, or pinned (-1) when this call's input cannot be
-    sliced, so that another call of the same layer cannot prune them either."""
-    ctx.param(param, 1, atoms if atoms is not None else np.full(width, -1, dtype=np.int64))
+    """The input columns of a projection: the input's channels, or pinned when this call's input cannot be sliced."""
+    if atoms is None:
+        pin(ctx, param, 1, width)
+    else:
+        ctx.param(param, 1, atoms)
 
 
 def multihead_attention(ctx, swappable: bool = True) -> tuple:

@@ -56,6 +56,9 @@ EXPERIMENTS = {
     "worth_it": Experiment(
         "experiments.worth_it", "pruned big model vs the same budget from scratch (controls, verdict), both tasks"
     ),
+    "selective_cap": Experiment(
+        "experiments.selective_cap", "selective sparsity with a per-BatchNorm cap (layer_cap), 2x / 4x, 3 seeds"
+    ),
     "latency_target": Experiment(
         "experiments.latency_target", "plans against measured latency vs FLOPs plans, torch and ONNX Runtime"
     ),

@@ -98,7 +98,7 @@ def _write_md(rows: list[dict[str, Any]], sizes: Sizes, info: dict[str, str], ar
         "# Selective sparsity with a per-BatchNorm cap (`prune.sparsity.layer_cap`)", "",
         f"Command: `python -m experiments.selective_cap{' --quick' if args.quick else ''}`", "",
         "Machine: " + "; ".join(f"{k} {v}" for k, v in info.items()), "",
-        f"Protocol: {sizes.cls_model} on the synthetic set {dict(sizes.cls_data)} at {sizes.cls_size} px; one "
+        f"Setup: {sizes.cls_model} on the synthetic set {dict(sizes.cls_data)} at {sizes.cls_size} px; one "
         f"baseline per seed ({sizes.cls_epochs} epochs; top-1 {_ms(list(base.values()))}), then selective "
         f"TargetSparsity ({sizes.cls_sparsity} epochs, target 0.5 of the gammas, exclude_residual) -> prune "
         f"bn_scale to the FLOPs target -> fine-tune {sizes.cls_finetune} epochs; top-1 on the test split, mean ± "

@@ -78,7 +78,8 @@ def prune(
     candidate widths into a latency table cached under ``latency_cache`` (None: not cached; see
     :mod:`prunefx.metrics.latency_table`), the plan is solved against it, and for a latency target the
     pruned model is measured end to end against the original and re-planned while it misses by more than
-    5% (at most 4 plans; ``PruneResult.latency`` says how it went).
+    5% either way, the prediction calibrated on the measured plans (at most 4 plans;
+    ``PruneResult.latency`` says how it went: plans, predicted and measured fractions, the miss and its side).
     ``score_kwargs`` go to :func:`prunefx.importance.score` (``fallback``, ``calibration``, ``loss_fn``, ``seed``).
     Raises :class:`VerificationError` (model untouched) when no plan to the target passes the oracle.
     """

@@ -20,14 +20,15 @@ per millisecond saved (every lower candidate is considered, so a plateau of a st
 its fast edge), until the predicted latency reaches the goal; the last jump is the cheapest one that
 reaches it. Importance is the channel's global rank (as in the global-threshold planner).
 
-**The correction.** The table predicts the end-to-end latency only up to a map: measured on MobileNetV2 at batch 1
-(torch, 2 threads) the isolated convolutions sum to 12.5 of the model's 17.3 ms, the remaining 4.8 ms are held
-fixed, yet the activations and adds in them shrink with the channels (1.7 -> 0.7 ms at the widest cut), and the
-convolutions timed alone shrink less than inside the model (4.9 vs 3.6 ms at the cut): asked 0.75 / 0.6 / 0.5,
-the model predicted 0.75 / 0.60 / 0.54 (its floor) and the model measured 0.68 / 0.45 / 0.36, close to an affine
-map with slope 1.4 through the base. :func:`meet_latency` therefore measures each plan end to end and asks the
-planner next for the prediction that the measured points (the base at (1, 1) among them) map onto the goal
-(:func:`calibrated_ask`), from whichever side the miss was.
+**The correction.** The table predicts the end-to-end latency only up to a map. Measured on MobileNetV2 at batch 1
+(torch, 2 threads, load 0.7): the convolutions timed alone sum to 12.5 of the model's 17.3 ms and the other 4.8 ms
+are held fixed, yet the activations and adds among them shrink with the channels (1.7 -> 0.7 ms in torch's
+profiler at the deepest cut), and at that cut the convolutions timed alone add up to 4.9 ms where the profiler
+sees 3.6 ms inside the model. Asked for 0.75 / 0.6 / 0.5, the model predicted 0.75 / 0.60 / 0.54 (its floor),
+and the pruned models measured 0.68 / 0.45 / 0.36: close to an affine map of slope 1.4 through the base.
+:func:`meet_latency` therefore measures each plan end to end and asks the planner next for the prediction that
+the measured points (the base at (1, 1) among them) map onto the goal (:func:`calibrated_ask`), from whichever
+side the miss was.
 """
 
 from __future__ import annotations

@@ -124,7 +124,9 @@ def _tv(name: str):
 
     kw: dict = {"weights": None}
     if "rcnn" in name or "retinanet" in name or "fcos" in name:
+        # score thresholds 0: random weights score below the defaults, and an empty detection list checks nothing
         kw.update(weights_backbone=None, min_size=128, max_size=128)
+        kw.update(box_score_thresh=0.0) if "rcnn" in name else kw.update(score_thresh=0.0)
         return torchvision.models.get_model(name, **kw), ([torch.rand(3, 128, 128)],)
     if name.startswith("ssd"):
         kw.update(weights_backbone=None)

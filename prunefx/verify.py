@@ -316,7 +316,7 @@ def verify(
     if dg.capture == "export":
         gm = export_graph(pruned, example_inputs)
     else:
-        gm = trace(pruned, example_inputs, training=True)
+        gm = trace(pruned, example_inputs, training=dg.training)  # the mode the analysis traced in
     errors, notes = _compare(dg.gm, masks, gm, example_inputs, free, rtol)
     worst = max(errors, default=0.0)
     if rtol < worst < float("inf"):

@@ -77,6 +77,7 @@ def analyze(
         input_shapes=tuple(tuple(x.shape) for x in example_inputs if isinstance(x, torch.Tensor)),
         capture=how,
         inside=frozenset(state.inside),
+        notes=tuple(gm.meta.get(META_KEY, {}).get("notes", ())),
     )
 
 
@@ -86,9 +87,13 @@ def capture_graph(
     """The model as a graph the analysis walks: torch.fx or torch.export (see :func:`analyze`).
 
     fx traces the training-mode graph (every layer that learns, e.g. YOLO's raw head, and size provenance such as
-    ``x.shape[1] // 2``). "auto" uses it unless a plugin registered the model's type for export (transformers), fx
-    cannot trace the model, or it had to hide parameters inside automatic leaves (their channels would all be
-    frozen); then ``torch.export``, which follows Python control flow by running it on fake tensors.
+    ``x.shape[1] // 2``). When the training-mode forward cannot be traced (a detector asserts that training needs
+    ``targets``), fx traces the evaluation-mode forward instead and says so in ``gm.meta["prunefx"]["notes"]``
+    (the analysis summary prints it): layers that only training runs are then not in the graph, and verification
+    traces the pruned model in the same mode. "auto" uses fx unless a plugin registered the model's type for export
+    (transformers), fx cannot trace the model in either mode, or it had to hide parameters inside automatic leaves
+    (their channels would all be frozen); then ``torch.export``, which follows Python control flow by running it on
+    fake tensors.
     """
     if capture not in CAPTURES:
         raise PrunefxError(f"capture must be one of {', '.join(CAPTURES)}; got {capture!r}")
@@ -98,7 +103,7 @@ def capture_graph(
     try:
         # Train mode exposes every layer that learns (YOLO Detect's raw head, aux classifiers); tracing runs
         # no tensor op, so nothing in the model changes, and each module's flag is restored afterwards.
-        gm = trace(model, example_inputs, leaves=leaves, training=True)
+        gm = _trace_train_or_eval(model, example_inputs, leaves)
     except TraceFailure as fx_failure:
         if capture == "fx":
             raise
@@ -112,6 +117,24 @@ def capture_graph(
             return export_graph(model, example_inputs)
         except TraceFailure:
             return gm  # fx with its automatic leaves (reported in DependencyGraph.auto_leaves) is what there is
+    return gm
+
+
+def _trace_train_or_eval(model: nn.Module, example_inputs: tuple, leaves: Sequence[str]) -> fx.GraphModule:
+    """The training-mode trace; the evaluation-mode one (with a note) when training's forward cannot be traced."""
+    try:
+        return trace(model, example_inputs, leaves=leaves, training=True)
+    except TraceFailure as train_failure:
+        why = str(train_failure).split("\n")
+        try:
+            gm = trace(model, example_inputs, leaves=leaves, training=False)
+        except TraceFailure as eval_failure:
+            raise TraceFailure(f"{train_failure}\nand in evaluation mode: {eval_failure}") from eval_failure
+    where = next((line.strip()[3:] for line in why if line.strip().startswith("at ")), "")
+    gm.meta[META_KEY]["notes"] = (
+        f"traced in evaluation mode: the training-mode forward cannot be traced ({why[0]}"
+        + (f" at {where}" if where else "") + "); layers only training runs are not analysed",
+    )
     return gm
 
 

@@ -126,9 +126,11 @@ class Ctx:
         return Lab.none(t.dim() if isinstance(t, torch.Tensor) else 0)
 
     def arg(self, i: int, key: str, default: Any = None) -> Any:
-        if len(self.args) > i:
-            return self.args[i]
-        return self.kwargs.get(key, default)
+        """Argument ``i`` (or keyword ``key``); a traced integer (``dim=boxes.dim()``) as its recorded value."""
+        a = self.args[i] if len(self.args) > i else self.kwargs.get(key, default)
+        if isinstance(a, fx.Node) and type(a.meta.get(VALUE_KEY)) is int:
+            return a.meta[VALUE_KEY]
+        return a
 
     def is_tensor(self, a: Any) -> bool:
         return isinstance(self.value(a), torch.Tensor)

@@ -14,7 +14,7 @@ import torch.fx as fx
 from prunefx.analysis.atoms import AtomTable
 from prunefx.analysis.groups import Group
 from prunefx.analysis.roles import OUT, Kind, RecordKey, Role, parse_role
-from prunefx.capture.trace import SOURCE_KEY
+from prunefx.capture.trace import META_KEY, SOURCE_KEY
 
 SCHEMA_VERSION = 1
 
@@ -41,6 +41,12 @@ class DependencyGraph:
     # parameter dims whose channels live only inside a leaf module (nn.MultiheadAttention's heads): the oracle
     # zeroes the removed positions of these weights, since no graph edge carries those channels
     inside: frozenset[RecordKey] = frozenset()
+    notes: tuple[str, ...] = ()  # how the capture deviated from the default (e.g. traced in evaluation mode)
+
+    @property
+    def training(self) -> bool | None:
+        """The ``training`` flag the graph was traced with (True, False; None: the modules' own flags)."""
+        return self.gm.meta.get(META_KEY, {}).get("training", True)
 
     def with_frozen(self, items: tuple[tuple[int, str], ...]) -> DependencyGraph:
         """A copy in which groups ``(id, reason)`` are frozen with that reason (the rest shared, not copied)."""
@@ -108,7 +114,7 @@ class DependencyGraph:
             f"{self.model_name}: {len(self.gm.graph.nodes)} nodes, {len(self.groups)} groups, "
             f"{len(self.prunable)} prunable, {sum(g.channels for g in self.prunable)} prunable channels"
             f" of {sum(g.channels for g in self.groups)}; frozen groups by reason: {top or 'none'}; "
-            f"{self.seconds:.3f} s"
+            f"{self.seconds:.3f} s" + "".join(f"\nnote: {n}" for n in self.notes)
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -120,6 +126,7 @@ class DependencyGraph:
             "shape_pass": self.shape_pass,
             "capture": self.capture,
             "auto_leaves": self.auto_leaves,
+            "notes": list(self.notes),
             "unknown_ops": self.unknown_ops,
             "groups": [g.to_dict() for g in self.groups],
             "ties": [{"groups": list(g), "why": why} for g, why in self.ties],

@@ -4,8 +4,11 @@ Symbolic tracing cannot decide ``if H != window:``, ``int(math.sqrt(T))``, ``ran
 ``(*x.shape[:-1], -1, head_dim)``: the values are proxies. They are sizes, though, and the example inputs fix
 them. :class:`ConcreteValues` runs the graph traced so far on meta tensors (incrementally, only when Python asks
 for a value), so the tracer can answer with the real bool / int / length. The graph is then specialised to the
-example shapes, as the analysis already is (a plan's fingerprint names its input shapes). A condition on a tensor's
-*values* (``if x.sum() > 0:``) has no meta value and still fails, as before.
+example shapes, as the analysis already is (a plan's fingerprint names its input shapes). Past an op whose output
+size depends on data (non-maximum suppression, ``nonzero``) meta tensors have no value; then, as the shape pass
+does, the graph so far runs for real on the example inputs (no_grad; the tracer restores the model's state), and a
+decision there (``if boxes.numel() > 4000:``) follows the example. On a model on the meta device such a condition
+still fails, as before.
 
 Each decision taken this way is recorded (``gm.meta["prunefx"]["specialised"]``: source line -> value).
 """
@@ -19,7 +22,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 from torch.fx import _symbolic_trace
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_leaves, tree_map
 
 # While tracing, fx patches Module.__call__ (and autowrapped functions) to record nodes; evaluating needs the
 # real ones. torch.fx's own escape hatch for this is private; without it, no concrete values (the old behaviour).
@@ -41,10 +44,15 @@ class ConcreteValues:
 
     def __init__(self, root: nn.Module, example_inputs: Sequence[Any]) -> None:
         self.root = root
-        self.inputs = [tree_map(_meta, x) for x in example_inputs]
+        # one value per placeholder: structured inputs (a list of images) have one placeholder per leaf
+        structured = any(isinstance(x, (list, tuple, dict)) for x in example_inputs)
+        self.real_inputs = list(tree_leaves(tuple(example_inputs)) if structured else example_inputs)
+        self.inputs = [tree_map(_meta, x) for x in self.real_inputs]
         self.env: dict[fx.Node, Any] = {}
         self._placeholders = 0
         self._failed: fx.Node | None = None
+        self.real = False  # evaluating on the example inputs themselves (after a data-dependent size)
+        self._can_run_real = not any(t.device.type == "meta" for t in (*root.parameters(), *root.buffers()))
 
     def value(self, graph: fx.Graph, node: fx.Node) -> Any:
         """The meta value of ``node`` (a Python number for sizes), evaluating every earlier node not yet done."""
@@ -64,11 +72,21 @@ class ConcreteValues:
             try:
                 self.env[n] = self._run(n)
             except Exception as exc:  # no meta kernel, data-dependent op: no concrete answer from here on
+                if not self.real and self._can_run_real:
+                    self._go_real()  # evaluate again from the start on the real inputs
+                    return self._evaluate(graph, node)
                 self._failed = n
                 raise NoConcreteValue(f"{n.format_node()}: {type(exc).__name__}: {exc}") from exc
             if n is node:
                 break
         return self.env[node]
+
+    def _go_real(self) -> None:
+        self.real, self.env, self._placeholders = True, {}, 0
+        self.inputs = self.real_inputs
+
+    def _state(self, x: Any) -> Any:
+        return x if self.real else _meta(x)
 
     def _load(self, a: Any) -> Any:
         return fx.node.map_arg(a, lambda n: self.env[n])
@@ -84,7 +102,7 @@ class ConcreteValues:
             obj: Any = self.root
             for part in str(n.target).split("."):
                 obj = getattr(obj, part)
-            return _meta(obj)
+            return self._state(obj)
         args, kwargs = self._load(n.args), self._load(n.kwargs)
         if n.op == "call_function":
             return n.target(*args, **kwargs)
@@ -92,6 +110,8 @@ class ConcreteValues:
             return getattr(args[0], n.target)(*args[1:], **kwargs)
         if n.op == "call_module":
             module = self.root.get_submodule(str(n.target))
+            if self.real:
+                return module(*args, **kwargs)
             state = {k: _meta(v) for k, v in (*module.named_parameters(), *module.named_buffers())}
             return torch.func.functional_call(module, state, tuple(args), kwargs, tie_weights=False, strict=False)
         raise NoConcreteValue(f"no value for {n.op} nodes")
@@ -101,6 +121,6 @@ def as_number(v: Any) -> Any:
     """A Python bool/int/float from a traced value, or raise NoConcreteValue (a tensor's data is unknown)."""
     if isinstance(v, (bool, int, float)):
         return v
-    if isinstance(v, torch.Tensor) and v.device.type != "meta" and v.numel() == 1:
+    if isinstance(v, torch.Tensor) and v.device.type != "meta" and v.numel() == 1:  # a real run's scalar
         return v.item()
     raise NoConcreteValue(f"a value of type {type(v).__name__} is not known while tracing")

@@ -5,6 +5,8 @@
 What plain ``torch.fx.symbolic_trace`` lacks and this tracer adds:
 - only as many placeholders as example inputs; later parameters keep their defaults (``mask=None``), and
   ``forward(self, x, *args, **kwargs)`` gets empty ``*args``/``**kwargs``;
+- structured example inputs (a list of images, a dict of tensors): one placeholder per leaf, the structure rebuilt
+  around them, so ``for img in images`` iterates a Python list; the GraphModule takes the same structure;
 - ``len()`` / ``list()`` / iteration over ``chunk(n)`` and ``split([sizes])`` results (known arity);
 - leaf modules: a registry users extend by type (:func:`register_leaf`), and an automatic fallback that
   makes a submodule whose forward cannot be traced a leaf, retries, and records which and why;
@@ -17,15 +19,19 @@ from __future__ import annotations
 
 import inspect
 import linecache
+import operator
 import sys
 import traceback
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from types import ModuleType
 from typing import Any
 
 import torch
 import torch.fx as fx
 from torch import nn
+from torch.fx.graph import _PyTreeCodeGen, _PyTreeInfo
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from prunefx import _plugins
 from prunefx._state import attributes_kept
@@ -57,6 +63,39 @@ def register_leaf(*types: type[nn.Module]) -> None:
         _LEAF_TYPES.add(t)
 
 
+_LEAF_FUNCTIONS: set[tuple[ModuleType, str]] = set()
+
+
+def register_leaf_function(module: ModuleType, name: str) -> None:
+    """Record calls of ``module.name`` as one graph node while tracing (like ``torch.fx.wrap``, for a library's
+    function reached as a module attribute, e.g. ``box_ops.batched_nms``: its Python loops over data stay out)."""
+    if not callable(getattr(module, name, None)):
+        raise TypeError(f"{module.__name__}.{name} is not a function")
+    _LEAF_FUNCTIONS.add((module, name))
+
+
+@contextmanager
+def _leaf_functions_recorded() -> Iterator[None]:
+    originals = [(mod, name, getattr(mod, name)) for mod, name in _LEAF_FUNCTIONS]
+
+    def recording(fn):
+        def call(*args, **kwargs):
+            proxy = next((a for a in tree_flatten((args, kwargs))[0] if isinstance(a, fx.Proxy)), None)
+            if proxy is None:
+                return fn(*args, **kwargs)
+            return proxy.tracer.create_proxy("call_function", fn, args, kwargs)
+
+        return call
+
+    try:
+        for mod, name, fn in originals:
+            setattr(mod, name, recording(fn))
+        yield
+    finally:
+        for mod, name, fn in originals:
+            setattr(mod, name, fn)
+
+
 def _arity(node: fx.Node) -> int | None:
     """Number of outputs of chunk/split/unbind-like nodes when it is known statically."""
     name = node.target if node.op == "call_method" else getattr(node.target, "__name__", None)
@@ -67,17 +106,19 @@ def _arity(node: fx.Node) -> int | None:
         "tensor_split",
     ):
         return None
-    rest = node.args[1:] if node.op == "call_method" else node.args[1:]
+    rest = node.args[1:]
     if name == "chunk":
         n = rest[0] if rest else node.kwargs.get("chunks")
         return n if isinstance(n, int) else None
     sizes = rest[0] if rest else node.kwargs.get("split_size_or_sections", node.kwargs.get("split_size"))
-    if isinstance(sizes, (list, tuple)) and not any(isinstance(s, fx.Node) for s in sizes):
+    if isinstance(sizes, (list, tuple)):  # one piece per listed size, traced sizes included
         return len(sizes) + (1 if name == "tensor_split" else 0)
     return None
 
 
-class _Proxy(fx.Proxy):
+class _Sizes:
+    """What Python asks of a traced value: len(), int(), float(), an index; answered from the example inputs."""
+
     def __len__(self) -> int:
         n = _arity(self.node)
         if n is None:
@@ -94,6 +135,33 @@ class _Proxy(fx.Proxy):
 
     def __float__(self) -> float:  # math.sqrt(num_tokens)
         return float(self.tracer.concrete_number(self, "float()"))
+
+    def __index__(self) -> int:  # range(x.shape[0]), a size used as a list index
+        return int(self.tracer.concrete_number(self, "an index"))
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        # ``isinstance(rel_codes, torch.Tensor)`` in model code (torchvision's box coder asserts it): a traced
+        # tensor says it is one. isinstance falls back to __class__ only after type(); torch's own code (fx
+        # included) sees the proxy type, so fx never mistakes a proxy for a tensor constant.
+        caller = sys._getframe(1).f_code.co_filename
+        if caller.startswith(_TORCH_DIR) or caller == __file__:
+            return type(self)
+        return self.tracer.concrete_class(self)
+
+
+class _Proxy(_Sizes, fx.Proxy):
+    def __getattr__(self, k: str) -> fx.proxy.Attribute:
+        return _Attribute(self, k)  # list(img.shape): the attribute answers len() like any traced value
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        # ``boxes[:, 0] = x0``: an in-place write, recorded as operator.setitem (the graph runs it in order; the
+        # analysis has no rule for it, so whatever channels it touches are frozen)
+        self.tracer.create_proxy("call_function", operator.setitem, (self, index, value), {})
+
+
+class _Attribute(_Sizes, fx.proxy.Attribute):
+    pass
 
 
 class PrunefxTracer(fx.Tracer):
@@ -173,6 +241,13 @@ class PrunefxTracer(fx.Tracer):
         self._record(value)
         return value
 
+    def concrete_class(self, obj: fx.Proxy) -> type:
+        """torch.Tensor when the traced value is known to be a tensor, else the proxy's own type."""
+        try:
+            return torch.Tensor if isinstance(self._value(obj), torch.Tensor) else type(obj)
+        except Exception:  # noqa: BLE001 - isinstance must not raise: an unknown value keeps the proxy type
+            return type(obj)
+
     def concrete_len(self, obj: fx.Proxy) -> int | None:
         try:
             value = self._value(obj)
@@ -183,7 +258,22 @@ class PrunefxTracer(fx.Tracer):
         if isinstance(value, (tuple, list, torch.Size)) and all(type(v) is int for v in value):
             self._record(len(value))
             return len(value)
+        if isinstance(value, torch.Tensor) and value.dim() > 0:  # rows of a tensor (per image of a batch)
+            self._record(value.shape[0])
+            return value.shape[0]
         return None
+
+    def create_arg(self, a: Any) -> Any:
+        try:
+            return super().create_arg(a)
+        except NotImplementedError:
+            if isinstance(a, (fx.Proxy, torch.Tensor, nn.Module)):
+                raise
+        # An object fx has no argument form for (a helper a module cached on its first forward, e.g. torchvision's
+        # LevelMapper) is a constant of the graph: held as an attribute of the root, read by a get_attr node.
+        name = self.get_fresh_qualname("_prunefx_constant")
+        setattr(self.root, name, a)
+        return self.create_node("get_attr", name, (), {})
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         if module_qualified_name in self.leaf_names or isinstance(m, tuple(_LEAF_TYPES)):
@@ -216,12 +306,37 @@ class PrunefxTracer(fx.Tracer):
         # ``targets=None``): a placeholder there would send tracing down the ``is not None`` branch, which the
         # model never takes when called with these inputs. ``*args``/``**kwargs`` stay empty.
         names = [named[i] if i < len(named) else f"input_{i}" for i in range(n)]
+        if self.structured:
+            return self._structured_args(root_fn, names)
         placeholders = [self.create_proxy("placeholder", name, (), {}) for name in names]
 
         def bound(root, *xs):
             return root_fn(root, *xs)
 
         return bound, [self.root, *placeholders]
+
+    @property
+    def structured(self) -> bool:
+        """Some example input is a container (list, tuple, dict): its leaves become the placeholders."""
+        return any(isinstance(x, (list, tuple, dict)) for x in self.example_inputs)
+
+    def _structured_args(self, root_fn, names: list[str]):
+        """One placeholder per leaf of the example inputs; forward sees the structure with proxies for tensors."""
+        # The graph's code flattens the call's arguments with the example inputs' tree spec (fx's own pytree
+        # codegen), so gm(images) and Interpreter.run(images) feed the placeholders in order. Non-tensor leaves
+        # get a placeholder too (positions stay aligned) but forward sees their example value.
+        args = []
+        for name, x in zip(names, self.example_inputs, strict=True):
+            leaves, spec = tree_flatten(x)
+            proxies = [self.create_proxy("placeholder", f"{name}_{j}", (), {}) for j in range(len(leaves))]
+            args.append(tree_unflatten([p if isinstance(v, torch.Tensor) else v for p, v in zip(proxies, leaves)],
+                                       spec))
+        self.graph._codegen = _PyTreeCodeGen(_PyTreeInfo(names, tree_flatten(tuple(self.example_inputs))[1], None))
+
+        def bound(root):
+            return root_fn(root, *args)
+
+        return bound, [self.root]
 
 
 @contextmanager
@@ -330,7 +445,8 @@ def trace(
     _initialise_lazy(model, example_inputs)
     num_inputs = None if example_inputs is None else len(example_inputs)
     auto: dict[str, str] = {}
-    with training_mode(model, training), module_state_kept(model), _factories_take_proxy_sizes():
+    with training_mode(model, training), module_state_kept(model), _factories_take_proxy_sizes(), \
+            _leaf_functions_recorded():
         while True:
             tracer = PrunefxTracer(num_inputs, [*leaves, *auto], example_inputs or ())
             try:
@@ -361,4 +477,4 @@ def trace(
     return gm
 
 
-__all__ = ["trace", "register_leaf", "PrunefxTracer", "training_mode", "module_state_kept"]
+__all__ = ["trace", "register_leaf", "register_leaf_function", "PrunefxTracer", "training_mode", "module_state_kept"]

@@ -12,8 +12,8 @@ from prunefx.errors import TraceFailure
 
 
 class Branchy(nn.Module):
-    """A type check on an activation and a grad-mode block: fx cannot trace it (a Proxy is not a Tensor, so the
-    module becomes a leaf), export can (its fake tensors are tensors)."""
+    """A type check through torch.is_tensor on an activation and a grad-mode block: fx cannot trace it (torch's own
+    check sees a Proxy, not a Tensor, so the module becomes a leaf), export can (its fake tensors are tensors)."""
 
     def __init__(self):
         super().__init__()
@@ -22,7 +22,7 @@ class Branchy(nn.Module):
 
     def forward(self, x, flag: bool = True):
         h = self.a(x)
-        if not isinstance(h, torch.Tensor):  # input validation as libraries write it
+        if not torch.is_tensor(h):  # input validation as libraries write it
             raise TypeError(f"expected a tensor, got {type(h).__name__}")
         with torch.no_grad():
             s = self.scale * 2.0

@@ -303,12 +303,13 @@ def build(mid: str):
 # The representative subset (``zoo_sweep --quick`` and tests/test_zoo_sweep.py): one model per distinct family that
 # a CI run can afford (a few seconds each at these sizes): timm CNNs (ResNet, MBConv, ConvNeXt, DLA, RepVGG),
 # transformers and hybrids (CaiT, BEiT, EdgeNeXt, EfficientFormer-V2, MLP-Mixer), torchvision segmentation, video,
-# flow and detection, Hugging Face vision / encoder / decoder-only LMs, every ultralytics task head and RT-DETR.
+# flow and detection (two-stage, one-stage, SSD), Hugging Face vision / encoder / decoder-only LMs, every ultralytics task head and RT-DETR.
 QUICK = [
     "timm:resnet10t", "timm:efficientnet_b0", "timm:convnext_atto", "timm:dla34", "timm:repvgg_a0",
     "timm:cait_xxs24_224", "timm:beit_base_patch16_224", "timm:edgenext_xx_small", "timm:efficientformerv2_s0",
     "timm:mixer_s32_224",
     "tv:lraspp_mobilenet_v3_large", "tv:r3d_18", "tv:raft_small", "tv:fasterrcnn_mobilenet_v3_large_320_fpn",
+    "tv:retinanet_resnet50_fpn", "tv:ssdlite320_mobilenet_v3_large",
     "hf:vit", "hf:convnextv2", "hf:segformer", "hf:bert", "hf:llama",
     "yolo:yolo11n.yaml", "yolo:yolov8n-seg.yaml", "yolo:yolo11n-pose.yaml", "yolo:yolo26n-obb.yaml",
     "yolo:yolov8n-cls.yaml", "yolo:yolov10n.yaml", "yolo:rtdetr-l.yaml",
@@ -316,9 +317,4 @@ QUICK = [
 
 # Models of QUICK that do not meet the bar yet, with their cause: the test expects them to fail (strict xfail, so a
 # fix shows up as an unexpected pass and the entry is removed).
-KNOWN_FAILURES: dict[str, str] = {
-    "tv:fasterrcnn_mobilenet_v3_large_320_fpn": (
-        "the training-mode trace runs torchvision's `assert targets is not None` (every torchvision detector): "
-        "issue 15 items 2-3, partial capture of backbone / FPN / heads not built yet"
-    ),
-}
+KNOWN_FAILURES: dict[str, str] = {}

@@ -69,7 +69,7 @@ def fix_attributes(model: nn.Module, widths: dict[str, dict[ModuleRole, int]]) -
             fix(module, {})
 
 
-@register_fixer(nn.modules.conv._ConvNd)
+@register_fixer(nn.modules.conv._ConvNd, literals=True)  # a depthwise forward passes self.groups (re-derived)
 def _fix_conv(m: nn.modules.conv._ConvNd, w: dict[ModuleRole, int]) -> None:
     depthwise = m.groups > 1 and m.groups == m.in_channels
     m.in_channels = w.get(IN, m.in_channels)

@@ -55,8 +55,19 @@ def apply_plan(model: nn.Module, dg: DependencyGraph, plan: PruningPlan, *, grap
     fix_attributes(model, widths)
     if consts:  # the literals live in the traced graph: hand back the GraphModule that holds them
         _rewrite_constants(dg, consts)
+        _share_sliced(model, dg.gm, slices)
         return dg.gm
     return model
+
+
+def _share_sliced(model: nn.Module, gm: nn.Module, slices) -> None:
+    """The GraphModule holds the model's submodules, but its own reference to a tensor of the root (a parameter
+    ``w`` read by ``F.conv2d(x, self.w)``): point it at the sliced tensor too."""
+    for name in slices:
+        owner_name, _, attr = name.rpartition(".")
+        mine, theirs = model.get_submodule(owner_name), gm.get_submodule(owner_name)
+        if mine is not theirs and hasattr(theirs, attr):
+            setattr(theirs, attr, getattr(mine, attr))
 
 
 def _slice_tensors(model: nn.Module, tensors: dict[str, torch.Tensor], slices) -> None:

@@ -61,7 +61,9 @@ register_rule(
     aten.hardsigmoid.default, aten.leaky_relu.default, aten.elu.default, aten.softplus.default, aten.mish.default,
     aten.erf.default, aten.reciprocal.default, aten.sign.default, aten.square.default, aten.floor.default,
     aten.ceil.default, aten.round.default, aten.hardtanh.default, aten.nan_to_num.default,
-    aten.dropout.default, aten.feature_dropout.default, aten.alpha_dropout.default,
+    aten.dropout.default, aten.feature_dropout.default, aten.alpha_dropout.default, aten.dropout_.default,
+    aten.feature_dropout_.default, aten.alpha_dropout_.default, aten.div_.Tensor, aten.div_.Scalar,
+    aten.sub_.Tensor, aten.add_.Scalar, aten.mul_.Scalar,
     aten.to.dtype, aten.to.dtype_layout, aten.to.device, aten._to_copy.default, aten.alias.default,
     aten.contiguous.default, aten.clone.default, aten.detach.default, aten.zeros_like.default,
     aten.ones_like.default, aten.full_like.default, aten.empty_like.default, aten.lift_fresh_copy.default,
@@ -100,7 +102,7 @@ def group_norm(ctx) -> Lab:
     return _group_norm_fn(ctx, ctx.lab(ctx.args[0]), [a for a in ctx.args[2:4] if ctx.is_tensor(a)])
 
 
-register_rule(aten.batch_norm.default)(batch_norm_fn)
+register_rule(aten.batch_norm.default, aten.instance_norm.default)(batch_norm_fn)  # per-channel weight and stats
 register_rule(aten.conv1d.default, aten.conv2d.default, aten.conv3d.default)(conv_fn)
 register_rule(aten.matmul.default, aten.mm.default, aten.bmm.default)(matmul)
 register_rule(aten.scaled_dot_product_attention.default)(sdpa)
@@ -216,6 +218,6 @@ NORMS.add(aten.linalg_vector_norm.default)  # (x, ord, dim, keepdim)
 register_rule(aten.softmax.int, aten._softmax.default, aten.log_softmax.int, aten._log_softmax.default)(softmax)
 register_rule(
     aten.adaptive_avg_pool1d.default, aten.adaptive_avg_pool2d.default, aten.avg_pool2d.default,
-    aten.max_pool2d.default, aten.upsample_nearest2d.vec, aten.upsample_bilinear2d.vec,
+    aten.max_pool2d.default, aten.upsample_nearest2d.vec, aten.upsample_bilinear2d.vec, aten.upsample_bicubic2d.vec,
 )(spatial)  # fmt: skip
 register_rule(aten.pad.default, aten.constant_pad_nd.default)(pad)

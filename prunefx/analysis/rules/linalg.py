@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import operator
+from typing import Any
 
 import numpy as np
 import torch
@@ -77,6 +78,8 @@ def conv_fn(ctx) -> Lab:
     x, w, b = ctx.arg(0, "input"), ctx.arg(1, "weight"), ctx.arg(2, "bias")
     groups = ctx.arg(6, "groups", 1)
     lx, lw = ctx.lab(x), ctx.lab(w)
+    if groups != 1 and _depthwise(ctx, x, w, groups):
+        return _depthwise_fn(ctx, lx, lw, b, groups)
     if groups != 1:
         lb = ctx.lab(b) if b is not None and ctx.is_tensor(b) else None
         ctx.freeze([lx, lw, lb], "functional grouped convolution")
@@ -89,6 +92,35 @@ def conv_fn(ctx) -> Lab:
     if b is not None and ctx.is_tensor(b):
         _contract(ctx, out, ctx.lab(b).dims[0])
     _members(ctx, w, (IN, lw.dims[1]), (OUT, out))
+    for d in range(2, lx.ndim):
+        if lx.dims[d] is not None:
+            ctx.freeze(lx.dims[d], "a convolution slides over this channel dim")
+    return Lab((lx.dims[0], out, *([None] * (lx.ndim - 2))))
+
+
+def _depthwise(ctx, x, w, groups: Any) -> bool:
+    """One input channel per group (``groups`` = the input's channels), ``groups`` a positional literal."""
+    return (isinstance(groups, int) and len(ctx.args) > 6 and ctx.args[6] == groups and ctx.shape(w)[1] == 1
+            and len(ctx.shape(x)) > 1 and ctx.shape(x)[1] == groups)
+
+
+def _depthwise_fn(ctx, lx: Lab, lw: Lab, b: Any, groups: int) -> Lab:
+    """Depthwise ``conv(x, w, b, stride, padding, dilation, groups=C)``: input channel c feeds exactly its ``k``
+    outputs (weight rows ``c*k .. c*k+k-1``), so they are pruned together and ``groups`` counts the kept channels."""
+    xin, out = lx.dims[1], lw.dims[0]
+    for d in range(1, lw.ndim):  # the single input position and the kernel taps are not channels
+        if lw.dims[d] is not None:
+            ctx.freeze(lw.dims[d], "convolution kernel dims")
+    bias = ctx.lab(b).dims[0] if b is not None and ctx.is_tensor(b) else None
+    if out is not None and bias is not None:
+        _contract(ctx, out, bias)
+    if xin is None or out is None:
+        ctx.freeze([a for a in (xin, out) if a is not None], "depthwise conv over channels that cannot be pruned")
+        return Lab((lx.dims[0], None, *([None] * (lx.ndim - 2))))
+    k = len(out) // groups
+    ctx.union(out.reshape(groups, k), np.broadcast_to(xin[:, None], (groups, k)))
+    ctx.constant(("args", 6), xin)  # the groups literal follows the kept input channels
+    _members(ctx, ctx.args[1], (IN, xin), (OUT, out))
     for d in range(2, lx.ndim):
         if lx.dims[d] is not None:
             ctx.freeze(lx.dims[d], "a convolution slides over this channel dim")

@@ -303,7 +303,7 @@ def build(mid: str):
 # The representative subset (``zoo_sweep --quick`` and tests/test_zoo_sweep.py): one model per distinct family that
 # a CI run can afford (a few seconds each at these sizes): timm CNNs (ResNet, MBConv, ConvNeXt, DLA, RepVGG),
 # transformers and hybrids (CaiT, BEiT, EdgeNeXt, EfficientFormer-V2, MLP-Mixer), torchvision segmentation, video,
-# flow and detection (two-stage, one-stage, SSD), Hugging Face vision / encoder / decoder-only LMs, every ultralytics task head and RT-DETR.
+# flow and detection, Hugging Face vision / encoder / decoder-only LMs, every ultralytics task head and RT-DETR.
 QUICK = [
     "timm:resnet10t", "timm:efficientnet_b0", "timm:convnext_atto", "timm:dla34", "timm:repvgg_a0",
     "timm:cait_xxs24_224", "timm:beit_base_patch16_224", "timm:edgenext_xx_small", "timm:efficientformerv2_s0",

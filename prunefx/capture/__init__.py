@@ -3,11 +3,17 @@ tensor) for every node."""
 
 from prunefx.capture.export import export_graph, prefers_export, register_export
 from prunefx.capture.trace import (
-    META_KEY, PrunefxTracer, register_leaf, register_leaf_function, trace, training_mode,
+    META_KEY,
+    PrunefxTracer,
+    register_leaf,
+    register_leaf_function,
+    trace,
+    training_mode,
 )
 from prunefx.capture.values import VALUE_KEY, propagate, value
 
 __all__ = [
-    "META_KEY", "PrunefxTracer", "register_leaf", "register_leaf_function", "trace", "training_mode", "VALUE_KEY", "propagate", "value",
+    "META_KEY", "PrunefxTracer", "register_leaf", "register_leaf_function",
+    "trace", "training_mode", "VALUE_KEY", "propagate", "value",
     "export_graph", "prefers_export", "register_export",
 ]

@@ -329,8 +329,8 @@ class PrunefxTracer(fx.Tracer):
         for name, x in zip(names, self.example_inputs, strict=True):
             leaves, spec = tree_flatten(x)
             proxies = [self.create_proxy("placeholder", f"{name}_{j}", (), {}) for j in range(len(leaves))]
-            args.append(tree_unflatten([p if isinstance(v, torch.Tensor) else v for p, v in zip(proxies, leaves)],
-                                       spec))
+            values = [p if isinstance(v, torch.Tensor) else v for p, v in zip(proxies, leaves, strict=True)]
+            args.append(tree_unflatten(values, spec))
         self.graph._codegen = _PyTreeCodeGen(_PyTreeInfo(names, tree_flatten(tuple(self.example_inputs))[1], None))
 
         def bound(root):

@@ -12,7 +12,7 @@ from torch import nn
 import prunefx
 
 torchvision = pytest.importorskip("torchvision")
-from torchvision.ops import MultiScaleRoIAlign  # noqa: E402
+from torchvision.ops import MultiScaleRoIAlign
 
 
 class TwoLevelPooler(nn.Module):

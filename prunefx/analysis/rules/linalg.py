@@ -120,7 +120,15 @@ def _depthwise_fn(ctx, lx: Lab, lw: Lab, b: Any, groups: int) -> Lab:
     k = len(out) // groups
     ctx.union(out.reshape(groups, k), np.broadcast_to(xin[:, None], (groups, k)))
     ctx.constant(("args", 6), xin)  # the groups literal follows the kept input channels
-    _members(ctx, ctx.args[1], (IN, xin), (OUT, out))
+    owner = weight_owner(ctx, ctx.args[1])
+    if owner is None:  # a weight computed in forward (timm's ScaledStdConv2d standardises its own): that module's
+        here = ctx.engine.modules.get(ctx.owner())
+        mine = getattr(here, "weight", None)
+        if isinstance(mine, torch.Tensor) and tuple(mine.shape) == ctx.shape(ctx.args[1]):
+            owner = ctx.owner()
+    if owner is not None:  # its fixer re-derives in/out channels and groups
+        ctx.member(IN, xin, name=owner)
+        ctx.member(OUT, out, name=owner)
     for d in range(2, lx.ndim):
         if lx.dims[d] is not None:
             ctx.freeze(lx.dims[d], "a convolution slides over this channel dim")

@@ -60,7 +60,7 @@ def test_functional_depthwise_conv_rewrites_its_groups_literal():
     dg = prunefx.analyze(model, x, capture="fx")
     (g,) = dg.groups_of("pw1")
     assert g.prunable and g.channels == 16
-    assert {"pw1.out", "pw2.in"} <= _modules(g)
+    assert _modules(g) == {"pw1.out", "pw2.in"}  # the root owns w: no conv module to record
     assert any(m.kind.value == "const" for m in g.members)  # the groups literal
     assert any(m.kind.value == "param" and m.name == "w" for m in g.members)
     result = prunefx.prune(model, x, prunefx.PlanConfig(ratio=0.5, round_to=1, graph_rewrite=True), criterion="l1")
@@ -79,3 +79,52 @@ def test_depthwise_on_a_model_input_is_frozen():
 
     dg = prunefx.analyze(OnInput(), torch.randn(1, 3, 5, 5), capture="fx")
     assert not dg.prunable
+
+
+class FunctionalGrouped(nn.Module):
+    """pointwise 4 -> 16, a functional grouped conv (4 groups of 4 -> 4), pointwise 16 -> 4."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pw1 = nn.Conv2d(4, 16, 1)
+        self.w = nn.Parameter(torch.randn(16, 4, 3, 3))
+        self.pw2 = nn.Conv2d(16, 4, 1)
+
+    def forward(self, x):
+        return self.pw2(torch.relu(F.conv2d(self.pw1(x), self.w, None, 1, 1, 1, 4)))
+
+
+def test_functional_grouped_conv_keeps_the_same_positions_in_every_group():
+    model, x = FunctionalGrouped().eval(), torch.randn(1, 4, 6, 6)
+    dg = prunefx.analyze(model, x, capture="fx")
+    (g_in,) = dg.groups_of("pw1")
+    assert g_in.prunable and g_in.channels == 4  # position j of each of the 4 input blocks is one channel class
+    assert {f"{m.name}.{m.role}" for m in g_in.members if m.kind.value == "module"} == {"pw1.out"}
+    assert {(m.name, str(m.role)) for m in g_in.members if m.kind.value == "param"} >= {("w", "dim1")}
+    (g_out,) = dg.groups_of("pw2", "in")
+    assert g_out.prunable and g_out.channels == 4 and g_out is not g_in
+    result = prunefx.prune(model, x, prunefx.PlanConfig(ratio=0.5, round_to=1), criterion="l1")
+    assert result.verified.ok and result.verified.exact, result.verified.message
+    w = result.model.w
+    assert w.shape[0] < 16 and w.shape[0] % 4 == 0 and w.shape[1] * 4 == result.model.pw1.out_channels < 16
+
+
+class StdConv(nn.Conv2d):
+    """Weight standardisation as timm's ScaledStdConv2d: batch_norm of the weight over each filter's fan-in."""
+
+    def forward(self, x):
+        w = F.batch_norm(self.weight.reshape(1, self.out_channels, -1), None, None, training=True, momentum=0.0,
+                         eps=1e-6).reshape_as(self.weight)
+        return F.conv2d(x, w, self.bias, self.stride, self.padding, self.dilation, self.groups)
+
+
+def test_weight_standardisation_makes_input_channels_inexact_and_records_the_module():
+    model = nn.Sequential(StdConv(3, 16, 3, padding=1), nn.ReLU(), StdConv(16, 8, 1)).eval()
+    x = torch.randn(1, 3, 6, 6)
+    dg = prunefx.analyze(model, x)
+    (g,) = dg.groups_of("0")
+    assert g.prunable and not g.exact  # the second conv's fan-in statistics span these channels
+    assert {f"{m.name}.{m.role}" for m in g.members if m.kind.value == "module"} == {"0.out", "2.in"}
+    result = prunefx.prune(model, x, prunefx.PlanConfig(ratio=0.5, round_to=1), criterion="l1")
+    assert result.verified.ok and not result.verified.exact, result.verified.message
+    assert result.model[0].out_channels == result.model[2].in_channels == result.model[2].weight.shape[1] < 16

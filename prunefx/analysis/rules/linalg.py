@@ -14,6 +14,7 @@ from prunefx.analysis.labels import Lab
 from prunefx.analysis.roles import CHANNEL, IN, OUT, Normalized
 from prunefx.analysis.rules._algebra import broadcast_merge, weight_owner
 from prunefx.analysis.rules._registry import register_rule
+from prunefx.analysis.rules.layers import couple_blocks
 
 
 def _contract(ctx, a: np.ndarray | None, b: np.ndarray | None) -> None:
@@ -80,6 +81,8 @@ def conv_fn(ctx) -> Lab:
     lx, lw = ctx.lab(x), ctx.lab(w)
     if groups != 1 and _depthwise(ctx, x, w, groups):
         return _depthwise_fn(ctx, lx, lw, b, groups)
+    if groups != 1 and isinstance(groups, int) and lw.ndim == lx.ndim and lx.ndim > 2:
+        return _grouped_fn(ctx, lx, lw, b, groups)
     if groups != 1:
         lb = ctx.lab(b) if b is not None and ctx.is_tensor(b) else None
         ctx.freeze([lx, lw, lb], "functional grouped convolution")
@@ -91,7 +94,7 @@ def conv_fn(ctx) -> Lab:
     out = lw.dims[0]
     if b is not None and ctx.is_tensor(b):
         _contract(ctx, out, ctx.lab(b).dims[0])
-    _members(ctx, w, (IN, lw.dims[1]), (OUT, out))
+    _conv_owner(ctx, w, lw.dims[1], out)
     for d in range(2, lx.ndim):
         if lx.dims[d] is not None:
             ctx.freeze(lx.dims[d], "a convolution slides over this channel dim")
@@ -120,24 +123,72 @@ def _depthwise_fn(ctx, lx: Lab, lw: Lab, b: Any, groups: int) -> Lab:
     k = len(out) // groups
     ctx.union(out.reshape(groups, k), np.broadcast_to(xin[:, None], (groups, k)))
     ctx.constant(("args", 6), xin)  # the groups literal follows the kept input channels
-    owner = weight_owner(ctx, ctx.args[1])
-    if owner is None:  # a weight computed in forward (timm's ScaledStdConv2d standardises its own): that module's
-        here = ctx.engine.modules.get(ctx.owner())
-        mine = getattr(here, "weight", None)
-        if isinstance(mine, torch.Tensor) and tuple(mine.shape) == ctx.shape(ctx.args[1]):
-            owner = ctx.owner()
-    if owner is not None:  # its fixer re-derives in/out channels and groups
-        ctx.member(IN, xin, name=owner)
-        ctx.member(OUT, out, name=owner)
+    _conv_owner(ctx, ctx.arg(1, "weight"), xin, out)
     for d in range(2, lx.ndim):
         if lx.dims[d] is not None:
             ctx.freeze(lx.dims[d], "a convolution slides over this channel dim")
     return Lab((lx.dims[0], out, *([None] * (lx.ndim - 2))))
 
 
+def _grouped_fn(ctx, lx: Lab, lw: Lab, b: Any, groups: int) -> Lab:
+    """Grouped ``conv(x, w, ..., groups=g)`` (g > 1, several input channels per group): as the module rule does, each
+    group keeps the same positions (so ``groups`` stays valid and unchanged); weight columns are one group's inputs."""
+    xin, out, w_in = lx.dims[1], lw.dims[0], lw.dims[1]
+    for d in range(2, lw.ndim):
+        if lw.dims[d] is not None:
+            ctx.freeze(lw.dims[d], "convolution kernel dims")
+    bias = ctx.lab(b).dims[0] if b is not None and ctx.is_tensor(b) else None
+    if out is not None and bias is not None:
+        _contract(ctx, out, bias)
+    if out is not None:
+        couple_blocks(ctx, out, groups, "conv groups")
+    if xin is not None:
+        block_in = couple_blocks(ctx, xin, groups, "conv groups")
+        if w_in is not None:
+            _contract(ctx, block_in, w_in)
+    elif w_in is not None:
+        ctx.freeze(w_in, "grouped conv over channels that cannot be pruned")
+    _conv_owner(ctx, ctx.arg(1, "weight"), xin, out)
+    for d in range(2, lx.ndim):
+        if lx.dims[d] is not None:
+            ctx.freeze(lx.dims[d], "a convolution slides over this channel dim")
+    return Lab((lx.dims[0], out, *([None] * (lx.ndim - 2))))
+
+
+def _conv_owner(ctx, w: Any, xin: Any, out: Any) -> None:
+    """Record a functional conv's input and output channels under the module that owns (or computes) its weight."""
+    owner = weight_owner(ctx, w)
+    if owner is None:  # a weight computed in forward (timm's ScaledStdConv2d standardises its own): that module's
+        here = ctx.engine.modules.get(ctx.owner())
+        mine = getattr(here, "weight", None)
+        if isinstance(mine, torch.Tensor) and tuple(mine.shape) == ctx.shape(w):
+            owner = ctx.owner()
+    if owner:  # its fixer re-derives in/out channels and groups (the root is no conv layer: nothing to record)
+        for role, atoms in ((IN, xin), (OUT, out)):
+            if atoms is not None:
+                ctx.member(role, atoms, name=owner)
+
+
+def _statistics_dims(ctx, ndim: int) -> list[int]:
+    """Dims a functional norm takes its statistics over (beside the channel dim 1): instance norm always over the
+    spatial dims; batch norm over batch and spatial dims when it has no running statistics to use."""
+    target, aten = ctx.node.target, torch.ops.aten
+    if target is F.instance_norm or target is aten.instance_norm.default:
+        return list(range(2, ndim))
+    running = {F.batch_norm: (1, "running_mean"), aten.batch_norm.default: (3, "running_mean")}.get(target)
+    if running is not None and ctx.arg(*running) is None:
+        return [0, *range(2, ndim)]
+    return []
+
+
 @register_rule(F.batch_norm, F.instance_norm)
 def batch_norm_fn(ctx) -> Lab:
     lx = ctx.lab(ctx.args[0])
+    for d in _statistics_dims(ctx, lx.ndim):
+        # timm's ScaledStdConv2d standardises its weight with batch_norm over (1, out, in*k*k): the input channels'
+        # positions share one mean and variance, so removing some changes the rest (as LayerNorm over channels)
+        if lx.dims[d] is not None:
+            ctx.inexact(lx.dims[d], "normalisation statistics are taken over this channel dim")
     stats = [a for a in (*ctx.args[1:], *ctx.kwargs.values()) if ctx.is_tensor(a)]
     for s in stats:
         _contract(ctx, lx.dims[1], ctx.lab(s).dims[0])

@@ -147,7 +147,10 @@ def _apply(out: Any, spec: Any) -> Any:
         for dim, mask in spec:
             shape = [1] * out.dim()
             shape[dim] = -1
-            out = out * mask.to(out.dtype).view(shape)
+            # zeroed, not multiplied by 0: a removed channel of a divisor (x / scale) is inf or nan before it is
+            # masked, and nan * 0 would carry into every kept channel the next layer mixes it with
+            keep = mask.to(device=out.device, dtype=torch.bool).view(shape)
+            out = torch.where(keep, out, torch.zeros((), dtype=out.dtype, device=out.device))
         return out
     if isinstance(out, (tuple, list)):
         return type(out)(_apply(o, s) if s is not None else o for o, s in zip(out, spec, strict=True))

@@ -280,7 +280,8 @@ class SparsityConfig:
         if self.s_max is not None and self.s_max <= 0:
             raise PrunefxError(f"sparsity s_max must be > 0 or null, got {self.s_max}")
         if not 0 < self.layer_cap <= 1:
-            raise PrunefxError(f"sparsity layer_cap must be in (0, 1] (a fraction of one BatchNorm), got {self.layer_cap}")
+            raise PrunefxError(f"sparsity layer_cap must be in (0, 1] (a fraction of one BatchNorm), "
+                               f"got {self.layer_cap}")
 
     def resolved(self, model: nn.Module, example_inputs: Sequence[Any]) -> SparsityConfig:
         """This config with ``exclude_residual`` turned into names (it needs the model's channel analysis)."""

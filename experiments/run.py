@@ -62,6 +62,9 @@ EXPERIMENTS = {
     "latency_target": Experiment(
         "experiments.latency_target", "plans against measured latency vs FLOPs plans, torch and ONNX Runtime"
     ),
+    "latency_accuracy": Experiment(
+        "experiments.latency_accuracy", "accuracy at equal measured latency: latency plans vs FLOPs plans, 3 seeds"
+    ),
     "import_time": Experiment(
         "experiments.import_time", "fresh-process time of import torch, import prunefx and prunefx --help"
     ),

@@ -1,12 +1,14 @@
-"""torchvision Swin (V1 and V2) attention heads: a rule for the fx-wrapped ``shifted_window_attention``, a fixer,
-and a forward that takes the inner width from the weights.
+"""torchvision Swin (V1, V2 and the video Swin3D) attention heads: a rule for the fx-wrapped
+``shifted_window_attention`` (and ``shifted_window_attention_3d``), a fixer, and a forward that takes the inner width
+from the weights.
 
 Head h owns rows ``h*head_dim:(h+1)*head_dim`` of each of q, k and v in ``qkv.weight`` / ``qkv.bias``, those input
 columns of ``proj.weight``, column h of ``relative_position_bias_table`` (V1) or row h of ``cpb_mlp``'s last layer
 and of ``logit_scale`` (V2). torchvision's function reads C from the input and splits qkv into
 ``(3, num_heads, C // num_heads)``, so a layer whose heads were pruned runs as a ``PrunedShiftedWindowAttention``
 (or ``...V2``), whose forward calls :func:`pruned_shifted_window_attention`: the same computation with the inner
-width read from ``qkv_weight`` and the output width from ``proj_weight``.
+width read from ``qkv_weight`` and the output width from ``proj_weight``; Swin3D's layers likewise run as a
+``PrunedShiftedWindowAttention3d``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torchvision.models import swin_transformer as tv_swin
 from torchvision.models.swin_transformer import ShiftedWindowAttention, ShiftedWindowAttentionV2
+from torchvision.models.video import swin_transformer as tv_swin3d
+from torchvision.models.video.swin_transformer import ShiftedWindowAttention3d
 
 from prunefx.analysis.labels import Lab
 from prunefx.analysis.roles import CHANNEL, IN, OUT
@@ -106,6 +110,54 @@ def pruned_shifted_window_attention(  # adapted from torchvision.models.swin_tra
 torch.fx.wrap("pruned_shifted_window_attention")  # one node in a trace, as torchvision's own
 
 
+def pruned_shifted_window_attention_3d(  # adapted from torchvision.models.video.swin_transformer (BSD-3-Clause)
+    input: Tensor,
+    qkv_weight: Tensor,
+    proj_weight: Tensor,
+    relative_position_bias: Tensor,
+    window_size: list[int],
+    num_heads: int,
+    shift_size: list[int],
+    attention_dropout: float = 0.0,
+    dropout: float = 0.0,
+    qkv_bias: Tensor | None = None,
+    proj_bias: Tensor | None = None,
+    training: bool = True,
+) -> Tensor:
+    """torchvision's ``shifted_window_attention_3d`` with head_dim = (qkv rows / 3) / num_heads instead of
+    C / num_heads and the output width of ``proj_weight``; equal to it when nothing was pruned."""
+    b, t, h, w, _ = input.shape
+    inner, c_out = qkv_weight.shape[0] // 3, proj_weight.shape[0]
+    head_dim = inner // num_heads
+    pad = tv_swin3d._compute_pad_size_3d((t, h, w), (window_size[0], window_size[1], window_size[2]))
+    x = F.pad(input, (0, 0, 0, pad[2], 0, pad[1], 0, pad[0]))
+    _, tp, hp, wp, c = x.shape
+    n = (tp // window_size[0], hp // window_size[1], wp // window_size[2])
+    if sum(shift_size) > 0:
+        x = torch.roll(x, shifts=(-shift_size[0], -shift_size[1], -shift_size[2]), dims=(1, 2, 3))
+    x = x.view(b, n[0], window_size[0], n[1], window_size[1], n[2], window_size[2], c)
+    x = x.permute(0, 1, 3, 5, 2, 4, 6, 7).reshape(b * n[0] * n[1] * n[2], math.prod(window_size), c)
+    qkv = F.linear(x, qkv_weight, qkv_bias)
+    qkv = qkv.reshape(x.size(0), x.size(1), 3, num_heads, head_dim).permute(2, 0, 3, 1, 4)
+    q, k, v = qkv[0], qkv[1], qkv[2]
+    attn = (q * head_dim**-0.5).matmul(k.transpose(-2, -1)) + relative_position_bias
+    if sum(shift_size) > 0:
+        mask = tv_swin3d._compute_attention_mask_3d(x, (tp, hp, wp), tuple(window_size[:3]), tuple(shift_size[:3]))
+        attn = attn.view(x.size(0) // mask.shape[0], mask.shape[0], num_heads, x.size(1), x.size(1))
+        attn = (attn + mask.unsqueeze(1).unsqueeze(0)).view(-1, num_heads, x.size(1), x.size(1))
+    attn = F.dropout(F.softmax(attn, dim=-1), p=attention_dropout, training=training)
+    x = attn.matmul(v).transpose(1, 2).reshape(x.size(0), x.size(1), inner)
+    x = F.dropout(F.linear(x, proj_weight, proj_bias), p=dropout, training=training)
+    x = x.view(b, n[0], n[1], n[2], window_size[0], window_size[1], window_size[2], c_out)
+    x = x.permute(0, 1, 4, 2, 5, 3, 6, 7).reshape(b, tp, hp, wp, c_out)
+    if sum(shift_size) > 0:
+        x = torch.roll(x, shifts=(shift_size[0], shift_size[1], shift_size[2]), dims=(1, 2, 3))
+    return x[:, :t, :h, :w, :].contiguous()
+
+
+torch.fx.wrap("pruned_shifted_window_attention_3d")
+
+
 class PrunedShiftedWindowAttention(ShiftedWindowAttention):
     """A Swin V1 attention whose heads were pruned (inner width != dim): the same parameters, the pruned forward."""
 
@@ -129,6 +181,20 @@ class PrunedShiftedWindowAttentionV2(ShiftedWindowAttentionV2):
         )
 
 
+class PrunedShiftedWindowAttention3d(ShiftedWindowAttention3d):
+    """A Swin3D attention whose heads were pruned: the same parameters, the pruned forward."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        _, t, h, w, _ = x.shape
+        window_size, shift_size = tv_swin3d._get_window_and_shift_size(
+            self.shift_size.copy(), [t, h, w], self.window_size.copy())
+        return pruned_shifted_window_attention_3d(
+            x, self.qkv.weight, self.proj.weight, self.get_relative_position_bias(window_size), window_size,
+            self.num_heads, shift_size=shift_size, attention_dropout=self.attention_dropout, dropout=self.dropout,
+            qkv_bias=self.qkv.bias, proj_bias=self.proj.bias, training=self.training,
+        )
+
+
 def _join(ctx, a: np.ndarray | None, b: np.ndarray | None, why: str) -> None:
     """``a`` and ``b`` index the same channels: coupled, or frozen when one side cannot be sliced."""
     if a is not None and b is not None:
@@ -137,7 +203,8 @@ def _join(ctx, a: np.ndarray | None, b: np.ndarray | None, why: str) -> None:
         ctx.freeze(a if a is not None else b, why)
 
 
-@register_rule(tv_swin.shifted_window_attention, pruned_shifted_window_attention)
+@register_rule(tv_swin.shifted_window_attention, pruned_shifted_window_attention,
+               tv_swin3d.shifted_window_attention_3d, pruned_shifted_window_attention_3d)
 def _window_attention(ctx) -> Lab:
     x, wq, wp, rpb = (ctx.arg(i, n) for i, n in enumerate(("input", "qkv_weight", "proj_weight",
                                                              "relative_position_bias")))
@@ -183,13 +250,23 @@ def _window_attention(ctx) -> Lab:
     return Lab((*([None] * (lx.ndim - 1)), out))
 
 
-@register_rule(tv_swin._get_relative_position_bias)
+@register_rule(tv_swin._get_relative_position_bias, tv_swin3d._get_relative_position_bias)
 def _relative_position_bias(ctx) -> Lab:
     # table[index] -> (N, N, heads) -> (1, heads, N, N): the table's rows are looked up by relative position,
     # its columns are the heads
     table, index = ctx.lab(ctx.args[0]), ctx.lab(ctx.args[1])
     ctx.freeze([table.dims[0], *index.dims], "relative position bias rows are looked up by position")
     return Lab((None, table.dims[1], None, None))
+
+
+@register_rule(tv_swin._patch_merging_pad)
+def _patch_merging_pad(ctx) -> Lab:
+    # (..., H, W, C) padded to even H and W, then its four 2x2 phases concatenated on the last dim: (..., H/2, W/2, 4C);
+    # every phase carries the same channels, and the sizes are read from the input, so nothing needs rewriting
+    lx = ctx.lab(ctx.args[0])
+    ctx.freeze([d for d in lx.dims[:-1] if d is not None], "patch merging takes 2x2 phases of positions")
+    c = lx.dims[-1]
+    return Lab((*([None] * (lx.ndim - 1)), None if c is None else np.tile(c, 4)))
 
 
 @register_fixer(ShiftedWindowAttention, literals=True)
@@ -202,4 +279,13 @@ def _fix_window_attention(m: ShiftedWindowAttention, widths: dict) -> None:
         m.__class__ = PrunedShiftedWindowAttentionV2 if v2 else PrunedShiftedWindowAttention
 
 
-__all__ = ["PrunedShiftedWindowAttention", "PrunedShiftedWindowAttentionV2", "pruned_shifted_window_attention"]
+@register_fixer(ShiftedWindowAttention3d, literals=True)
+def _fix_window_attention_3d(m: ShiftedWindowAttention3d, widths: dict) -> None:
+    m.num_heads = m.relative_position_bias_table.shape[1]
+    inner, dim, out = m.qkv.weight.shape[0] // 3, m.qkv.weight.shape[1], m.proj.weight.shape[0]
+    if type(m) is ShiftedWindowAttention3d and not (inner == dim == out):
+        m.__class__ = PrunedShiftedWindowAttention3d
+
+
+__all__ = ["PrunedShiftedWindowAttention", "PrunedShiftedWindowAttention3d", "PrunedShiftedWindowAttentionV2",
+           "pruned_shifted_window_attention", "pruned_shifted_window_attention_3d"]

@@ -15,7 +15,7 @@ from torchvision.models.swin_transformer import (
 )
 
 import prunefx
-from prunefx.analysis.roles import OUT, ParamDim
+from prunefx.analysis.roles import IN, OUT, ParamDim
 from prunefx.integrations.swin import PrunedShiftedWindowAttention, PrunedShiftedWindowAttentionV2
 from prunefx.plan import PlanConfig, make_plan
 from prunefx.transform import owned_modules
@@ -90,8 +90,12 @@ def test_swin_prune_verifies_and_reloads(tmp_path):
     assert result.verified.ok, result.verified.message
     attns = [m for m in model.modules() if isinstance(m, ShiftedWindowAttention)]
     assert all(a.num_heads * 16 == a.qkv.weight.shape[0] // 3 for a in attns)  # head_dim 16 kept, heads pruned
-    # swapped where the stock forward cannot run the widths (stage 1 kept its 32-wide stream, 1 head of 16)
-    assert type(model.features[1][0].attn) is PrunedShiftedWindowAttention and model.features[1][0].attn.num_heads == 1
+    # swapped exactly where the stock forward cannot run the widths (inner width != the stream's); patch merging
+    # passes the stream's channels through, so the stream itself is pruned with the heads here
+    for a in attns:
+        stock = a.qkv.weight.shape[0] // 3 == a.qkv.weight.shape[1] == a.proj.weight.shape[0]
+        assert (type(a) is PrunedShiftedWindowAttention) is not stock
+    assert model.features[1][0].attn.num_heads == 1 and model.features[1][0].attn.qkv.weight.shape[1] == 16
     path = prunefx.save(result.model, result.plan, tmp_path / "swin.pt")
     back = prunefx.load(path, lambda: _swin(False)).eval()
     with torch.no_grad():
@@ -112,3 +116,37 @@ def test_swin_t_heads_pruned_at_30_percent_pass_the_oracle():
     result = verify(model, pruned, plan, x, dg=dg)
     assert result.ok and result.exact and result.max_rel_error <= 1e-5, result.message
     assert dg.group_of("features.1.0.attn.qkv", OUT).prunable
+
+
+def _swin3d():
+    from torchvision.models.video.swin_transformer import SwinTransformer3d
+
+    torch.manual_seed(0)
+    return SwinTransformer3d(patch_size=[2, 4, 4], embed_dim=32, depths=[2, 2], num_heads=[2, 4],
+                             window_size=[2, 4, 4], num_classes=10).eval()
+
+
+def test_swin3d_heads_and_patch_merging_are_understood_and_prune_exactly():
+    from prunefx.integrations.swin import PrunedShiftedWindowAttention3d
+
+    model, x = _swin3d(), torch.randn(1, 3, 4, 32, 32)
+    dg = prunefx.analyze(model, x)
+    assert not [r for g in dg.groups for r in g.reasons if r.startswith("no rule")]  # attention, bias, merging
+    heads = _heads(dg)
+    assert [g.channels for g in heads] == [2, 2, 4, 4] and all(g.prunable and g.exact for g in heads)
+    (m,) = [m for m in heads[2].members if m.name == "features.2.0.attn.qkv.weight" and m.role == ParamDim(0)]
+    assert list(m.positions)[1] == tuple(r for b in range(3) for r in range(64 * b + 16, 64 * b + 32))
+    # the 4C input of patch merging's reduction is the stream's channels four times over
+    (red,) = [m for g in dg.groups for m in g.members if m.name == "features.1.reduction" and m.role == IN]
+    (mlp,) = [g for g in dg.groups if any(m.name == "features.1.reduction" and m.role == IN for m in g.members)]
+    assert len(red.positions[0]) == 4 and mlp.channels == 32 and mlp.prunable
+    plan = _heads_only(dg, model)
+    pruned = apply_plan(copy.deepcopy(model), dg, plan)
+    assert all(type(b.attn) is PrunedShiftedWindowAttention3d for i in (0, 2) for b in pruned.features[i])
+    result = verify(model, pruned, plan, x, dg=dg)
+    assert result.ok and result.exact and result.max_rel_error <= 1e-5, result.message
+    with torch.no_grad():  # the pruned forward on unpruned weights is torchvision's own
+        expected = model(x)
+        for block in model.features[0]:
+            block.attn.__class__ = PrunedShiftedWindowAttention3d
+        torch.testing.assert_close(model(x), expected, atol=1e-6, rtol=1e-5)

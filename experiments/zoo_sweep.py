@@ -44,12 +44,14 @@ STEM = "zoo_sweep"
 TIMEOUT_S = 300
 RATIO = 0.3
 GOOD = ("ok", "ok, frozen by check", "nothing prunable")  # "OK or frozen with a stated reason"
-# Dims fixed by the model's contract with its user, which no structured pruner removes: the classes (or boxes, or
-# hidden states) a model returns, and an embedding's vocabulary. They are counted apart ("interface channels"), so
-# the prunable share of a small-width model is not decided by a 1000-class head or a 32k-token vocabulary.
-INTERFACE_REASONS = ("model output", "embedding rows are looked up by token id")
+# Dims no structured pruner removes, though the analysis sees them as a layer's or a parameter's dims: what a model
+# returns (its classes, boxes or hidden states) and the rows of lookup tables (an embedding's vocabulary, a
+# relative-position bias table's positions). They are counted apart ("fixed channels"), so the prunable share of a
+# small-width model is not decided by a 1000-class head, a 32k-token vocabulary or a table of window offsets.
+FIXED_REASONS = ("model output", "embedding rows are looked up by token id",
+                 "relative position bias rows are looked up by position")
 CSV_FIELDS = [
-    "model", "zoo", "status", "prunable_share", "internal_share", "channels", "interface_channels", "groups",
+    "model", "zoo", "status", "prunable_share", "internal_share", "channels", "fixed_channels", "groups",
     "prunable_groups", "pruned_groups", "frozen_reasons", "frozen_by_check", "analysis_s", "prune_s", "wall_s",
     "max_rel_error", "params_m", "inputs",
     "error", "where", "tp_status", "tp_s", "tp_error",
@@ -90,11 +92,11 @@ def census(dg: Any) -> dict[str, Any]:
     for g in groups:
         if not g.prunable and g.reasons:
             reasons[_reason_key(g.reasons[0])] += g.channels
-    interface = sum(v for k, v in reasons.items() if k in INTERFACE_REASONS)
+    fixed = sum(v for k, v in reasons.items() if k in FIXED_REASONS)
     return {
         "groups": len(dg.groups), "prunable_groups": len(dg.prunable), "channels": total,
-        "prunable_share": round(prunable / total, 4) if total else 0.0, "interface_channels": interface,
-        "internal_share": round(prunable / (total - interface), 4) if total > interface else 0.0,
+        "prunable_share": round(prunable / total, 4) if total else 0.0, "fixed_channels": fixed,
+        "internal_share": round(prunable / (total - fixed), 4) if total > fixed else 0.0,
         "frozen_reasons": [[k, v] for k, v in reasons.most_common(3)], "analysis_s": round(dg.seconds, 3),
     }  # fmt: skip
 
@@ -274,16 +276,16 @@ def _reasons(row: dict[str, Any]) -> str:
 
 
 def internal_share(row: dict[str, Any]) -> float | None:
-    """Prunable channels over the channels that are not interface dims (see INTERFACE_REASONS).
+    """Prunable channels over the channels that are not fixed dims (see FIXED_REASONS).
 
-    Rows stored before the census counted interface channels get them from their top three frozen reasons: a
-    lower bound on the share (an interface reason outside the top three stays in the denominator).
+    Rows stored before the census counted fixed channels get them from their top three frozen reasons: a lower
+    bound on the share (a fixed-dim reason outside the top three stays in the denominator).
     """
     if "internal_share" in row or row.get("prunable_share") is None:
         return row.get("internal_share")
     total = row["channels"]
-    interface = sum(v for k, v in row.get("frozen_reasons") or [] if k in INTERFACE_REASONS)
-    return round(row["prunable_share"] * total / (total - interface), 4) if total > interface else 0.0
+    fixed = sum(v for k, v in row.get("frozen_reasons") or [] if k in FIXED_REASONS)
+    return round(row["prunable_share"] * total / (total - fixed), 4) if total > fixed else 0.0
 
 
 def _half(row: dict[str, Any], share: str) -> bool:
@@ -323,8 +325,8 @@ def write_tables(rows: list[dict[str, Any]], tp_rows: dict[str, dict[str, Any]],
         "## Goals (issue 15)", "",
         f"- OK or frozen with a stated reason: **{pct(s['good'])}** (goal 100%)",
         f"- pruned and verified with at least half of the internal channels prunable: **{pct(s['half'])}** "
-        "(goal >= 95%); counting the interface channels as well (a model's output classes, an embedding's "
-        f"vocabulary), at least half of all channels: {pct(s['half_all'])}",
+        "(goal >= 95%); counting the fixed channels as well (a model's outputs, the rows of lookup tables), "
+        f"at least half of all channels: {pct(s['half_all'])}",
         "", "## Per zoo", "",
     ]  # fmt: skip
     half = Counter(r["zoo"] for r in rows if _half(r, "internal"))
@@ -339,8 +341,8 @@ def write_tables(rows: list[dict[str, Any]], tp_rows: dict[str, dict[str, Any]],
                   + ", ".join(f"{k} {v}" for k, v in tp.most_common()) + f"; measured {'; '.join(runs)}."]
     lines += ["", "## Models", "", "Prunable share: channels in prunable groups over all channels of the analysis "
               "(groups of a layer or a learnable parameter; dims only of buffers, such as relative-position index "
-              "tables, are not channels). Internal: the same over the channels that are not interface dims ("
-              + ", ".join(f'frozen as "{k}"' for k in INTERFACE_REASONS) + "), which no structured pruner removes; "
+              "tables, are not channels). Internal: the same over the channels that are not fixed dims ("
+              + ", ".join(f'frozen as "{k}"' for k in FIXED_REASONS) + "), which no structured pruner removes; "
               "rows measured before the census counted them separately take them from their top three frozen "
               "reasons (a lower bound on the share). Frozen reasons: the top three by channels (node and module "
               "names elided).", ""]

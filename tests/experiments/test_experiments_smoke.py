@@ -90,8 +90,8 @@ def test_summary_and_files_from_synthetic_rows(tmp_path):
     assert "| a | 1.0 | 0.100 | 5 (4) | 0.400 | timeout | - | 4.0x | - |" in md
 
 
-def test_zoo_census_counts_interface_channels_apart():
-    """A 1000-class head is counted as interface, not as frozen internal channels; old rows derive it."""
+def test_zoo_census_counts_fixed_channels_apart():
+    """A 1000-class head is counted as fixed, not as frozen internal channels; old rows derive it."""
     import torch
     from torch import nn
 
@@ -101,7 +101,7 @@ def test_zoo_census_counts_interface_channels_apart():
     model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 16, 3), nn.BatchNorm2d(16),
                           nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 1000))
     row = zoo_sweep.census(prunefx.analyze(model, torch.randn(1, 3, 16, 16)))
-    assert row["channels"] == 8 + 16 + 1000 and row["interface_channels"] == 1000
+    assert row["channels"] == 8 + 16 + 1000 and row["fixed_channels"] == 1000
     assert row["prunable_share"] == pytest.approx(24 / 1024, abs=1e-4)
     assert row["internal_share"] == pytest.approx(1.0)
     old = {"status": "ok", "channels": 1024, "prunable_share": 24 / 1024, "frozen_reasons": [["model output", 1000]]}

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from prunefx.analysis import DependencyGraph, analyze
+from prunefx.analysis.parts import PartialCapture, check_inputs
 from prunefx.errors import VerificationError
 from prunefx.importance import Scores, score
 from prunefx.metrics import Deployment, compare_latency
@@ -51,6 +52,11 @@ class PruneResult:
     compensation: Compensation | None = None
     latency: LatencyOutcome | None = None  # a latency target's rounds: planned vs measured, re-plans
     frozen_by_check: tuple[tuple[int, str], ...] = ()  # (group id, reason): groups that failed the oracle
+
+    @property
+    def parts(self) -> PartialCapture | None:
+        """Set when the model's own forward could not be captured: the parts pruned, the opaque code and its share."""
+        return self.graph.parts
 
 
 def prune(
@@ -82,6 +88,12 @@ def prune(
     ``PruneResult.latency`` says how it went: plans, predicted and measured fractions, the miss and its side).
     ``score_kwargs`` go to :func:`prunefx.importance.score` (``fallback``, ``calibration``, ``loss_fn``, ``seed``).
     Raises :class:`VerificationError` (model untouched) when no plan to the target passes the oracle.
+
+    When the model's own forward cannot be captured (tensor-dependent Python control flow in it), the largest
+    submodules that can be are pruned with their boundaries frozen (:mod:`prunefx.analysis.parts`): one joint plan
+    over all their groups, a FLOPs or parameter target a fraction of the whole model's (the opaque code counts
+    as fixed cost, so a target below it is not reachable), verified end to end on the whole model.
+    ``PruneResult.parts`` and the plan's summary say which parts and what stayed opaque.
     """
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
@@ -90,6 +102,10 @@ def prune(
     if bias_compensation is None:
         bias_compensation = criterion == "bn_scale"
     dg = analyze(model, example_inputs, capture=capture)
+    if config.latency is not None or config.round_to == "auto":
+        check_inputs(dg.parts, "a latency target or round_to='auto' (layers timed from the graph)")
+    if config.graph_rewrite:
+        check_inputs(dg.parts, "graph_rewrite (the rewritten graph is returned as the model)")
     owned = owned_modules(model)
     scores = score(model, dg, criterion, **score_kwargs)
     needs_cost = config.flops is not None or config.params is not None
@@ -121,6 +137,9 @@ def prune(
         plan = replace(plan, target={**plan.target, **extra_target})
     else:
         plan = make_plan(dg, scores, config, cost=cost, owned_constants=owned)
+    if dg.parts is not None:  # saved with the plan and printed by its summary: which code was not pruned
+        extra_target = {**extra_target, "partial_capture": dg.parts.to_dict()}
+        plan = replace(plan, target={**plan.target, **extra_target})
 
     def replan(frozen: DependencyGraph) -> PruningPlan:
         """The same target on the analysis with the groups that failed the check frozen."""

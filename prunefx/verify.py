@@ -21,13 +21,14 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import torch
 import torch.fx as fx
 from torch import nn
+from torch.fx.immutable_collections import immutable_dict
 from torch.utils._pytree import tree_flatten, tree_map
 
 from prunefx import _plugins
@@ -37,7 +38,7 @@ from prunefx.analysis.labels import Lab
 from prunefx.analysis.outputs import default_free_outputs, drop_keys
 from prunefx.capture.export import export_graph
 from prunefx.capture.semantics import DISCRETE, EvalInterpreter
-from prunefx.capture.trace import trace, training_mode
+from prunefx.capture.trace import module_state_kept, trace, training_mode
 from prunefx.plan import PlanError, PruningPlan, validate_plan
 
 
@@ -283,6 +284,118 @@ def _compare(ref_gm: fx.GraphModule, masks: tuple[dict, list], gm: fx.GraphModul
     return tuple(_rel(a, b) for a, b in zip(reference, got, strict=True)), notes
 
 
+class _PartRun(_EvalGraph):
+    """The masked graph of the parts, running only the nodes one part's outputs need (``needed``; None: all)."""
+
+    def __init__(self, gm: fx.GraphModule, masks: dict[str, Any], needed: set[str] | None) -> None:
+        super().__init__(gm, masks)
+        self.needed = needed
+
+    def run_node(self, n: fx.Node) -> Any:
+        if self.needed is None or n.op in ("placeholder", "get_attr", "output") or n.name in self.needed:
+            return super().run_node(n)
+        return None
+
+
+def _part_nodes(gm: fx.GraphModule, paths: Sequence[str]) -> list[set[str] | None]:
+    """Per part: the names of the nodes its call made (by the outermost module of each node's ``nn_module_stack``),
+    plus those outside every part. All of them, not only the ancestors of its outputs: an in-place write into a
+    buffer (``out[:, :4].copy_(y)``) is no ancestor of the output that returns the buffer. None: run every node."""
+    index = {p: i for i, p in enumerate(paths)}
+    needed: list[set[str]] = [set() for _ in paths]
+    shared: set[str] = set()
+    for n in gm.graph.nodes:
+        stack = n.meta.get("nn_module_stack") or {}
+        first = next(iter(stack.values()), None)
+        owner = index.get(first[0]) if isinstance(first, tuple) and first else None
+        (shared if owner is None else needed[owner]).add(n.name)
+    if not all(needed):  # a graph without module stacks (or a part without nodes): run everything, to be safe
+        return [None] * len(paths)
+    return [s | shared for s in needed]
+
+
+def _masked_whole(original: nn.Module, dg: DependencyGraph, nodes: dict[str, Any], inputs: tuple, calls: tuple) -> Any:
+    """The original model's own forward, each call of a part answered by the part's masked graph on that call's
+    inputs (so what the opaque code reads is what it reads from the masked original)."""
+    paths = [p.path for p in dg.parts.parts]
+    needed = _part_nodes(dg.gm, paths)
+    busy = []  # a part that is a leaf of its own graph calls its module again: answer that call normally
+
+    def hook(i: int):
+        def fn(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
+            if busy:
+                return None
+            busy.append(i)
+            try:
+                feed = [*calls[:i], (tuple(args), dict(kwargs)), *calls[i + 1:]]
+                out = _PartRun(dg.gm, nodes, needed[i]).run(*dg.parts.graph_inputs(feed, dg.capture == "export"))
+                return _mutable(dg.parts.per_part(out)[i])
+            finally:
+                busy.pop()
+
+        return fn
+
+    handles = [original.get_submodule(p).register_forward_hook(hook(i), with_kwargs=True)
+               for i, p in enumerate(paths)]
+    try:
+        return original(*inputs)
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _mutable(x: Any) -> Any:
+    """A graph's output with fx's immutable lists and dicts made plain: the code after a part may edit them."""
+    if isinstance(x, dict):
+        return type(x)((k, _mutable(v)) for k, v in x.items()) if type(x) is not immutable_dict else \
+            {k: _mutable(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_mutable(v) for v in x]
+    if type(x) is tuple:
+        return tuple(_mutable(v) for v in x)
+    return x
+
+
+def _compare_whole(original: nn.Module, dg: DependencyGraph, masks: tuple[dict, list], pruned: nn.Module,
+                   inputs: tuple, calls: tuple, free: tuple) -> tuple[tuple[float, ...], list[str]]:
+    """Per-output relative errors of the pruned model's own forward against the masked original, end to end."""
+    nodes, weights = masks
+    with training_mode(original, False), training_mode(dg.gm, False), torch.no_grad(), \
+            module_state_kept(original), _weights_masked(dg.gm, weights):
+        reference = _outputs(_masked_whole(original, dg, nodes, inputs, calls), free)
+    try:
+        with training_mode(pruned, False), torch.no_grad(), module_state_kept(pruned):
+            got = _outputs(pruned(*inputs), free)
+    except Exception as exc:  # noqa: BLE001 - a pruned model that breaks is the finding, not an error of verify
+        first = str(exc).split("\n")[0][:200]
+        return (float("inf"),), [f"the pruned model raises {type(exc).__name__}: {first}"]
+    if len(reference) != len(got):
+        return (float("inf"),), []
+    return tuple(_rel(a, b) for a, b in zip(reference, got, strict=True)), []
+
+
+def _verify_whole(original: nn.Module, pruned: nn.Module, plan: PruningPlan, inputs: tuple, dg: DependencyGraph,
+                  masks: tuple[dict, list], rtol: float) -> VerifyResult:
+    """The oracle for a partial capture: the whole models' own forwards (eval mode) on the example inputs, the
+    original with every part answered by its masked graph; the code between the parts runs as it is."""
+    free = default_free_outputs(original)
+    errors, notes = _compare_whole(original, dg, masks, pruned, inputs, dg.parts.calls, free)
+    worst = max(errors, default=0.0)
+    if rtol < worst < float("inf"):  # round-off, or a real difference: float64 tells them apart (see verify)
+        try:
+            orig64, gm64 = copy.deepcopy((original, dg.gm))  # one memo: the copied graph holds the copied parts
+            errors64, _ = _compare_whole(orig64.double(), replace(dg, gm=gm64.double()), masks,
+                                         copy.deepcopy(pruned).double(), _double(inputs), _double(dg.parts.calls),
+                                         free)
+            notes = [f"float32 max relative error {worst:.3g}; recomputed in float64"]
+            errors = errors64
+        except Exception as exc:  # noqa: BLE001 - a model that cannot run in float64 keeps its float32 result
+            notes.append(f"float64 recheck not possible ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})")
+    notes.append(f"partial capture: checked end to end through the forwards that were not captured; parts "
+                 f"{', '.join(p.path for p in dg.parts.parts)}")
+    return _result(original, pruned, plan, inputs, dg, errors, notes, rtol)
+
+
 def _double(x: Any) -> Any:
     return tree_map(lambda t: t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t, x)
 
@@ -315,6 +428,8 @@ def verify(
     validate_plan(dg, plan, graph_rewrite=True)
     masks = _mask_specs(dg, plan), _inside_specs(dg, plan)
     free = default_free_outputs(original)
+    if dg.parts is not None:  # only parts were captured: the whole model is compared end to end
+        return _verify_whole(original, pruned, plan, example_inputs, dg, masks, rtol)
     # captured as the analysis was: an export graph runs the pruned model's own forward (rewritten literals)
     if dg.capture == "export":
         gm = export_graph(pruned, example_inputs)
@@ -332,6 +447,13 @@ def verify(
             errors, worst = errors64, max(errors64, default=0.0)
         except Exception as exc:  # noqa: BLE001 - a model that cannot run in float64 keeps its float32 result
             notes.append(f"float64 recheck not possible ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})")
+    return _result(original, pruned, plan, example_inputs, dg, errors, notes, rtol)
+
+
+def _result(original: nn.Module, pruned: nn.Module, plan: PruningPlan, example_inputs: tuple, dg: DependencyGraph,
+            errors: tuple[float, ...], notes: list[str], rtol: float) -> VerifyResult:
+    """The verdict on the compared outputs, once the pruned model's own forward has run in both modes."""
+    worst = max(errors, default=0.0)
     inexact = tuple(gp.group for gp in plan.pruned if not dg.groups[gp.group].exact)
     runs_eval, runs_train, run_notes = _runs(original, pruned, example_inputs)
     notes.extend(run_notes)

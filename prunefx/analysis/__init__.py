@@ -16,6 +16,7 @@ from prunefx.analysis.engine import Engine
 from prunefx.analysis.graph import DependencyGraph
 from prunefx.analysis.groups import Group, Member, build_groups
 from prunefx.analysis.outputs import default_free_outputs
+from prunefx.analysis.parts import boundary_reasons, find_parts
 from prunefx.analysis.roles import Kind
 from prunefx.analysis.rules import RULES, OpRegistry
 from prunefx.capture.export import export_graph, prefers_export
@@ -44,6 +45,9 @@ def analyze(
     their shapes are read downstream); None uses the defaults registered for the model's type.
     ``capture``: "fx" (symbolic trace of the training-mode graph), "export" (``torch.export``'s ATen graph in eval
     mode, for code fx cannot follow) or "auto" (see :func:`capture_graph`). Models on the meta device work.
+    When the model's own forward cannot be captured at all, the largest submodules that can be are analysed
+    instead, with their boundaries frozen (:mod:`prunefx.analysis.parts`); ``DependencyGraph.parts`` says which,
+    what stayed opaque and why, and the summary prints it.
     """
     if not isinstance(model, nn.Module):
         raise PrunefxError(f"analyze expects a torch.nn.Module, got {type(model).__name__}")
@@ -52,19 +56,31 @@ def analyze(
     example_inputs = tuple(example_inputs)
     _plugins.activate()  # the model's library is imported by now: its rules, fixers and free outputs register
     t0 = time.perf_counter()
-    gm = model if isinstance(model, fx.GraphModule) else capture_graph(model, example_inputs, capture, leaves=leaves)
+    parts = None
+    try:
+        gm = model if isinstance(model, fx.GraphModule) else capture_graph(model, example_inputs, capture,
+                                                                           leaves=leaves)
+    except TraceFailure as failure:  # the last fallback: analyse the submodules that can be captured
+        gm, parts = find_parts(model, example_inputs, failure, capture=capture, leaves=leaves)
+    graph_inputs = parts.calls if parts is not None else example_inputs
     how = gm.meta.get(META_KEY, {}).get("capture", "fx")
-    shape_pass = "export" if how == "export" else propagate(gm, example_inputs)  # export's graph has its values
-    if free_outputs is None:
+    shape_pass = "export" if how == "export" else propagate(gm, graph_inputs)  # export's graph has its values
+    if parts is not None:
+        free_outputs = ()  # a part's outputs are read by code that was not analysed: all frozen
+    elif free_outputs is None:
         free_outputs = default_free_outputs(model)
     engine = Engine(gm, registry, tuple(free_outputs), modules=dict(model.named_modules(remove_duplicate=False)))
     state = engine.run()
     _tie_shared_tensors(gm, state)
     grouping = build_groups(state)
+    groups = grouping.groups
+    labels = {n.name: v for n, v in engine.env.items()}
+    if parts is not None:
+        groups = boundary_reasons(gm, groups, labels, state.atoms, parts)
     seconds = time.perf_counter() - t0
     return DependencyGraph(
         gm=gm,
-        groups=grouping.groups,
+        groups=groups,
         record_roots=grouping.record_roots,
         ties=grouping.ties,
         unknown_ops=state.unknown,
@@ -73,11 +89,12 @@ def analyze(
         seconds=seconds,
         shape_pass=shape_pass,
         atoms=state.atoms,
-        node_labels={n.name: v for n, v in engine.env.items()},
+        node_labels=labels,
         input_shapes=tuple(tuple(x.shape) for x in example_inputs if isinstance(x, torch.Tensor)),
+        parts=parts,
         capture=how,
         inside=frozenset(state.inside),
-        notes=tuple(gm.meta.get(META_KEY, {}).get("notes", ())),
+        notes=tuple(gm.meta.get(META_KEY, {}).get("notes", ())) + ((parts.describe(),) if parts else ()),
     )
 
 

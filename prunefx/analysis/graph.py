@@ -13,6 +13,7 @@ import torch.fx as fx
 
 from prunefx.analysis.atoms import AtomTable
 from prunefx.analysis.groups import Group
+from prunefx.analysis.parts import PartialCapture
 from prunefx.analysis.roles import OUT, Kind, RecordKey, Role, parse_role
 from prunefx.capture.trace import META_KEY, SOURCE_KEY
 
@@ -42,6 +43,8 @@ class DependencyGraph:
     # zeroes the removed positions of these weights, since no graph edge carries those channels
     inside: frozenset[RecordKey] = frozenset()
     notes: tuple[str, ...] = ()  # how the capture deviated from the default (e.g. traced in evaluation mode)
+    # set when the model's own forward could not be captured: the submodules analysed instead (gm is their graph)
+    parts: PartialCapture | None = None
 
     @property
     def training(self) -> bool | None:
@@ -127,6 +130,7 @@ class DependencyGraph:
             "capture": self.capture,
             "auto_leaves": self.auto_leaves,
             "notes": list(self.notes),
+            "parts": self.parts.to_dict() if self.parts is not None else None,
             "unknown_ops": self.unknown_ops,
             "groups": [g.to_dict() for g in self.groups],
             "ties": [{"groups": list(g), "why": why} for g, why in self.ties],

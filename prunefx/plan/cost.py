@@ -24,7 +24,7 @@ class CostModel:
 
     def __init__(self, model, dg: DependencyGraph, example_inputs) -> None:
         self.dg = dg
-        if dg.capture == "export":
+        if dg.capture == "export" and dg.parts is None:  # parts: the whole model runs (the target is its MACs)
             self.macs_total, per_module = graph_macs(dg)
             self.params_total = float(sum(p.numel() for p in model.parameters()))
         else:

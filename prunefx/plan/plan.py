@@ -83,6 +83,11 @@ class PruningPlan:
         est = ""
         if self.estimate:
             est = f"; estimated MACs {self.estimate['macs_after'] / max(self.estimate['macs_before'], 1):.3f}x"
+        parts = self.target.get("partial_capture")
+        if parts:  # the model's own forward was not captured: say what was pruned and what was not
+            opaque = ", ".join(o["path"] or "<root>" for o in parts["opaque"])
+            est += (f"; partial capture: only parts {', '.join(p['path'] for p in parts['parts'])} pruned, "
+                    f"forwards of {opaque} opaque ({parts['opaque_params_share']:.1%} of the parameters)")
         return (
             f"{self.model}: {len(self.pruned)}/{len(self.groups)} groups pruned, channels {before} -> {after} "
             f"({1 - after / max(before, 1):.1%} removed) by {self.criterion}{est}"

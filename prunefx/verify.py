@@ -320,14 +320,23 @@ def _masked_whole(original: nn.Module, dg: DependencyGraph, nodes: dict[str, Any
     paths = [p.path for p in dg.parts.parts]
     needed = _part_nodes(dg.gm, paths)
     busy = []  # a part that is a leaf of its own graph calls its module again: answer that call normally
+    taken: list[list[Any]] = [[] for _ in paths]  # per part: its current call's inputs, as they were on entry
 
-    def hook(i: int):
+    def before(i: int):
+        def fn(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            if not busy:  # cloned: the part's own forward (which runs first) may change its inputs in place
+                taken[i].append(tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t,
+                                         (tuple(args), dict(kwargs))))
+
+        return fn
+
+    def after(i: int):
         def fn(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
             if busy:
                 return None
             busy.append(i)
             try:
-                feed = [*calls[:i], (tuple(args), dict(kwargs)), *calls[i + 1:]]
+                feed = [*calls[:i], taken[i].pop(), *calls[i + 1:]]
                 out = _PartRun(dg.gm, nodes, needed[i]).run(*dg.parts.graph_inputs(feed, dg.capture == "export"))
                 return _mutable(dg.parts.per_part(out)[i])
             finally:
@@ -335,8 +344,11 @@ def _masked_whole(original: nn.Module, dg: DependencyGraph, nodes: dict[str, Any
 
         return fn
 
-    handles = [original.get_submodule(p).register_forward_hook(hook(i), with_kwargs=True)
-               for i, p in enumerate(paths)]
+    handles = []
+    for i, p in enumerate(paths):
+        part = original.get_submodule(p)
+        handles.append(part.register_forward_pre_hook(before(i), with_kwargs=True))
+        handles.append(part.register_forward_hook(after(i), with_kwargs=True))
     try:
         return original(*inputs)
     finally:

@@ -301,6 +301,10 @@ def test_nothing_capturable_is_one_clear_error() -> None:
     with pytest.raises(TraceFailure, match=r"x.mean\(\) > 0"):
         prunefx.prune(model, torch.randn(2, 3))
     assert model.inner.scale.shape == (3,)
+    with torch.device("meta"):  # no data to branch on: the root's failure, and why the fallback cannot help
+        on_meta = Detector()
+    with pytest.raises(TraceFailure, match=r"(?s)if scores.max\(\) > 0.0:.*partial capture is not possible"):
+        prunefx.analyze(on_meta, torch.randn(2, 3, 8, 8, device="meta"))
 
 
 def test_opaque_share_of_parameters_and_macs() -> None:
@@ -336,7 +340,7 @@ def test_latency_target_with_parts_is_refused() -> None:
 
 
 class Padded(nn.Module):
-    """Writes its result into a fresh buffer in place: the write is no ancestor of the output node."""
+    """Scales its input in place, and writes its result into a fresh buffer in place (no ancestor of the output)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -344,6 +348,7 @@ class Padded(nn.Module):
                                   nn.Conv2d(12, 4, 1))
 
     def forward(self, x):
+        x.mul_(2.0)  # in place on its input: the oracle must feed the part its input as it was on entry
         out = x.new_zeros(x.shape[0], 6, x.shape[2], x.shape[3])
         out[:, :4].copy_(self.body(x))
         return out

@@ -253,7 +253,10 @@ def find_parts(
         named = {n for n, c in children if next(c.parameters(), None) is not None}
         if not named:
             break
-        first, count = _record_calls(model, inputs, named)
+        try:
+            first, count = _record_calls(model, inputs, named)
+        except TraceFailure as exc:  # e.g. a model on the meta device: its branches on data cannot be taken
+            raise TraceFailure(f"{root_failure}\npartial capture is not possible either: {exc}") from exc
         calls.update(first)
         counts.update(count)
         frontier = []

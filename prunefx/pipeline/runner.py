@@ -311,6 +311,9 @@ def _prune(ctx: _Ctx, info: dict[str, Any]) -> None:
     info["macs_kept_estimate"] = est["macs_after"] / est["macs_before"] if est.get("macs_before") else None
     sparsity = ctx.done("sparsity")
     info["warnings"] = score_warnings(result, spec.criterion, sparsity.get("gammas"))
+    if result.parts is not None:  # the model's own forward was not captured: what was pruned and what was not
+        info["partial_capture"] = result.parts.to_dict()
+        info["warnings"].append(result.parts.describe().replace("\n", "; "))
     atomic_write(ctx.root / "plan.json", result.plan.to_json().encode())
     write_graph(ctx.root, graph_data(result.graph, result.plan))  # report.html draws the graph from it
     b.save(result.model, "pruned", result.plan)

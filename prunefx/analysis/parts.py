@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -67,10 +67,11 @@ class PartialCapture:
     params_total: int
     opaque_params_share: float  # parameters outside every part (held by opaque modules or the root itself)
     opaque_macs_share: float | None  # MACs run outside every part on the example inputs (None: not counted)
-    calls: tuple[Any, ...] = ()  # per part: (args, kwargs) of its first call, the captured graph's inputs
+    # per part: (args, kwargs) of its first call, the captured graph's inputs (tensors: not compared, not printed)
+    calls: tuple[Any, ...] = field(default=(), compare=False, repr=False)
     # a torch.export graph takes the calls' tensors flat and returns its outputs flat: their structure (one entry
     # per part) to rebuild them with; None for an fx graph, which keeps the structure
-    out_spec: TreeSpec | None = None
+    out_spec: TreeSpec | None = field(default=None, compare=False, repr=False)
 
     def graph_inputs(self, calls: Sequence[Any], export: bool) -> tuple:
         """What the parts' graph takes for these calls: the calls themselves, or for export their tensors, flat."""
@@ -97,6 +98,7 @@ class PartialCapture:
         return {
             "parts": [{"path": p.path, "calls": p.calls, "params": p.params} for p in self.parts],
             "opaque": [{"path": o.path, "why": o.why} for o in self.opaque],
+            "params_total": self.params_total,
             "opaque_params_share": self.opaque_params_share,
             "opaque_macs_share": self.opaque_macs_share,
         }

@@ -158,7 +158,7 @@ def write_md(rows: list[dict[str, Any]], path: Path, info: dict[str, str], comma
              *(f"- {k}: {v}" for k, v in info.items()), "",
              "Protocol: experiments/latency_accuracy.py docstring. Measured: each pruned model's latency over the "
              "sparse model's, all of them timed together in 10 alternating rounds (60 forwards each), batch and "
-             "threads as below; top-1 on the 2000-image test split, right after pruning and after the same "
+             "threads as above; top-1 on the synthetic test split, right after pruning and after the same "
              "fine-tune.", ""]
     body = []
     for t in sorted({float(r["target"]) for r in rows}, reverse=True):
@@ -214,7 +214,8 @@ def main(argv: list[str] | None = None) -> Path:
     args.out.mkdir(parents=True, exist_ok=True)
     csv_path = args.out / f"{stem}.csv"
     done = read_csv(csv_path) if csv_path.exists() and not args.quick else []
-    info = machine_info(threads=args.threads, batch=str(args.batch))
+    info = machine_info(threads=args.threads, batch=str(args.batch),
+                        data=", ".join(f"{k} {v}" for k, v in sizes.data.items()))
     t0 = time.time()
     rows = [*done]
     for seed in sizes.seeds:

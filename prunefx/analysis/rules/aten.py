@@ -20,6 +20,7 @@ from prunefx.analysis.rules.linalg import (
     _group_norm_fn,
     batch_norm_fn,
     conv_fn,
+    einsum,
     linear_fn,
     matmul,
     norm_fn,
@@ -68,6 +69,8 @@ register_rule(
     aten.contiguous.default, aten.clone.default, aten.detach.default, aten.zeros_like.default,
     aten.ones_like.default, aten.full_like.default, aten.empty_like.default, aten.lift_fresh_copy.default,
 )(pointwise)  # fmt: skip
+
+register_rule(aten.einsum.default)(einsum)  # (equation, [operands]): the torch-level rule reads both forms
 
 
 @register_rule(aten.type_as.default)

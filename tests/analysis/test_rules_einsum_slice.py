@@ -1,0 +1,115 @@
+"""Rules that keep channels prunable where ViT-family and dual-path models used to freeze them (issue 15):
+``einsum`` from its subscripts, constant channel slices (``x[:, a:b]``), and reshapes whose sizes are computed
+from other tensors. Each pattern asserts the exact groups and that the pruned model equals the masked original."""
+
+import torch
+from _graph_checks import expect, positions, the_group
+from torch import nn
+
+import prunefx
+from prunefx.plan import PlanConfig
+
+
+def _checked(model, x, ratio=0.5):
+    """prune() with the oracle on: verified, nothing frozen by the check, something pruned."""
+    result = prunefx.prune(model, x, PlanConfig(ratio=ratio), bias_compensation=False)
+    assert result.verified.ok, result.verified.message
+    assert result.frozen_by_check == (), result.frozen_by_check
+    assert result.plan.pruned
+    return result
+
+
+# ---- einsum ---------------------------------------------------------------------------------------------------------
+class Bilinear(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(3, 4), nn.Linear(3, 4), nn.Linear(6, 2)
+
+    def forward(self, x):  # the contracted letter c couples a's and b's outputs
+        return self.c(torch.einsum("bnc,bmc->bnm", self.a(x), self.b(x)))
+
+
+def test_einsum_contracted_letter_couples_both_operands():
+    x = torch.randn(2, 6, 3)
+    dg = prunefx.analyze(Bilinear(), x)
+    expect(dg, (4, True, ["a.out[0:4]", "b.out[0:4]"]), (2, False, ["c.out[0:2]"]))
+    assert dg.unknown_ops == {}
+    _checked(Bilinear().eval(), x)
+
+
+class RelPos(nn.Module):
+    """SAM / MViTv2 relative positions: ``einsum("bhwc,hkc->bhwk", q, Rh)`` with a learned table, then the
+    attention applied to v with a second einsum (the kept letter c of v maps to the output)."""
+
+    def __init__(self, size=4, dim=8):
+        super().__init__()
+        self.q, self.v, self.o = nn.Linear(3, dim), nn.Linear(3, dim), nn.Linear(dim, 2)
+        self.rel = nn.Parameter(torch.randn(size, size, dim))
+
+    def forward(self, x):  # x: (B, H, W, 3)
+        attn = torch.einsum("bhwc,hkc->bhwk", self.q(x), self.rel).softmax(-1)
+        return self.o(torch.einsum("bhwk,bkwc->bhwc", attn, self.v(x)))
+
+
+def test_einsum_relative_position_table_follows_the_query_channels():
+    x = torch.randn(1, 4, 4, 3)
+    dg = prunefx.analyze(RelPos(), x)
+    # the table's position dims (h, k) meet the query's unlabeled positions: frozen, groups of parameter dims only
+    expect(dg, (8, True, ["q.out[0:8]"]), (8, True, ["o.in[0:8]", "v.out[0:8]"]), (2, False, ["o.out[0:2]"]),
+           (4, False, []), (4, False, []))
+    g = the_group(dg, "q")
+    assert positions(g, "rel", "dim2", kind="param") == tuple((j,) for j in range(8))
+    _checked(RelPos().eval(), x)
+
+
+def test_einsum_in_an_export_graph_has_the_same_rule():
+    x = torch.randn(1, 4, 4, 3)
+    result = prunefx.prune(RelPos().eval(), x, PlanConfig(ratio=0.5), capture="export", bias_compensation=False)
+    assert result.verified.ok and {gp.label for gp in result.plan.pruned} == {"q out[0:8]", "v out[0:8]"}
+
+
+class Ellipsis_(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(3, 5), nn.Linear(4, 2)
+        self.w = nn.Parameter(torch.randn(5, 4))
+
+    def forward(self, x):  # "...c,cd->...d": ellipsis dims broadcast, c contracted with a weight
+        return self.b(torch.einsum("...c,cd->...d", self.a(x), self.w))
+
+
+def test_einsum_with_ellipsis_contracts_with_a_weight():
+    x = torch.randn(2, 3, 3)
+    dg = prunefx.analyze(Ellipsis_(), x)
+    expect(dg, (5, True, ["a.out[0:5]"]), (4, True, ["b.in[0:4]"]), (2, False, ["b.out[0:2]"]))
+    assert positions(the_group(dg, "a"), "w", "dim0", kind="param") == tuple((j,) for j in range(5))
+    _checked(Ellipsis_().eval(), x)
+
+
+class AgainstInput(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(3, 3), nn.Linear(1, 2)
+
+    def forward(self, x):  # contracted with the model input, whose channels cannot be sliced
+        return self.b(torch.einsum("bnc,bnc->bn", self.a(x), x)[..., None])
+
+
+def test_einsum_contracted_with_the_input_freezes_with_a_reason():
+    dg = prunefx.analyze(AgainstInput(), torch.randn(2, 4, 3))
+    g = the_group(dg, "a")
+    assert not g.prunable and "einsum contracts it with a dim that cannot be sliced" in g.reasons[0]
+
+
+def test_einsum_with_a_diagonal_freezes_its_operand():
+    class Trace(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 4), nn.Linear(2, 2)
+
+        def forward(self, x):  # x: (B, 4, 4) -> trace over the last two dims of a(x)... "bii->b"
+            return self.b(torch.einsum("bii->b", self.a(x))[:, None].expand(-1, 2))
+
+    dg = prunefx.analyze(Trace(), torch.randn(2, 4, 4))
+    assert not the_group(dg, "a").prunable
+    assert "einsum form prunefx does not model" in the_group(dg, "a").reasons[0]

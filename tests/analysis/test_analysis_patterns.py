@@ -868,19 +868,6 @@ def test_hard_coded_view_size_is_a_graph_constant_member():
     assert (str(const.kind), const.name, str(const.role), const.module_type) == ("const", "view", "args[2]", "")
 
 
-def test_constant_channel_slice_is_frozen():
-    class Slice(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.a, self.c = nn.Conv2d(3, 8, 1), nn.Conv2d(4, 2, 1)
-
-        def forward(self, x):
-            return self.c(self.a(x)[:, :4])
-
-    dg = analyze(Slice(), torch.randn(X4))
-    assert frozen_because(the_group(dg, "a"), "a constant slice of a channel dim")
-
-
 # ---- tracing ---------------------------------------------------------------------------------------------------
 class VarArgs(nn.Module):
     def __init__(self):

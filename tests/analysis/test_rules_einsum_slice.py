@@ -10,9 +10,9 @@ import prunefx
 from prunefx.plan import PlanConfig
 
 
-def _checked(model, x, ratio=0.5):
+def _checked(model, x, ratio=0.5, **cfg):
     """prune() with the oracle on: verified, nothing frozen by the check, something pruned."""
-    result = prunefx.prune(model, x, PlanConfig(ratio=ratio), bias_compensation=False)
+    result = prunefx.prune(model, x, PlanConfig(ratio=ratio, **cfg), bias_compensation=False)
     assert result.verified.ok, result.verified.message
     assert result.frozen_by_check == (), result.frozen_by_check
     assert result.plan.pruned
@@ -113,3 +113,89 @@ def test_einsum_with_a_diagonal_freezes_its_operand():
     dg = prunefx.analyze(Trace(), torch.randn(2, 4, 4))
     assert not the_group(dg, "a").prunable
     assert "einsum form prunefx does not model" in the_group(dg, "a").reasons[0]
+
+
+# ---- constant slices of a channel dim -------------------------------------------------------------------------------
+class DualPath(nn.Module):
+    """DPN: one conv's output cut at a literal offset into a residual part and a dense part."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.r, self.d = nn.Conv2d(3, 8, 1), nn.Conv2d(3, 5, 1), nn.Conv2d(3, 2, 1)
+        self.head = nn.Conv2d(10, 4, 1)
+
+    def forward(self, x):
+        y = self.a(x)
+        resid = self.r(x) + y[:, :5]
+        dense = torch.cat([self.d(x), y[:, 5:, :, :]], 1)
+        return self.head(torch.cat([resid, dense], 1))
+
+
+def test_constant_channel_slice_is_a_split_with_its_bounds_rewritten():
+    x = torch.randn(1, 3, 4, 4)
+    dg = prunefx.analyze(DualPath(), x)
+    expect(
+        dg,
+        (5, True, ["a.out[0:5]", "r.out[0:5]", "head.in[0:5]", "const:getitem.args[1][1][1][0:5]",
+                   "const:getitem_1.args[1][1][0][0:5]"]),
+        (3, True, ["a.out[5:8]", "head.in[7:10]"]),
+        (2, True, ["d.out[0:2]", "head.in[5:7]"]),
+        (4, False, ["head.out[0:4]"]),
+    )  # fmt: skip
+    result = _checked(DualPath().eval(), x, graph_rewrite=True)
+    gm = result.model
+    (first,) = [n for n in gm.graph.nodes if n.name == "getitem"]
+    (second,) = [n for n in gm.graph.nodes if n.name == "getitem_1"]
+    width = gm.r.out_channels
+    assert first.args[1][1] == slice(None, width, None) and second.args[1][1] == slice(width, None, None)
+
+
+class FusedQKV(nn.Module):
+    """Phi-3: one projection holding q, k and v, cut with ``qkv[..., :q_pos]`` and the like."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv, self.o = nn.Linear(3, 12), nn.Linear(4, 2)
+
+    def forward(self, x):
+        f = self.qkv(x)
+        return self.o(f[..., :4] * f[..., 4 : 4 + 4] + f[..., 8:])
+
+
+def test_fused_qkv_cut_at_literal_offsets_keeps_the_same_positions_in_each_part():
+    x = torch.randn(2, 5, 3)
+    dg = prunefx.analyze(FusedQKV(), x)
+    expect(
+        dg,
+        (4, True, ["qkv.out[0:4]+[4:8]+[8:12]", "o.in[0:4]", "const:getitem.args[1][1][1][0:4]",
+                   "const:getitem_1.args[1][1][0][0:4]", "const:getitem_1.args[1][1][1][0:4]+[4:8]",
+                   "const:getitem_2.args[1][1][0][0:4]+[4:8]"]),
+        (2, False, ["o.out[0:2]"]),
+    )  # fmt: skip
+    result = _checked(FusedQKV().eval(), x, graph_rewrite=True)
+    assert result.model.qkv.out_features == 3 * result.model.o.in_features
+
+
+def test_export_slices_with_literal_bounds_record_start_and_end():
+    dg = prunefx.analyze(FusedQKV().eval(), torch.randn(2, 5, 3), capture="export")
+    expect(
+        dg,
+        (4, True, ["qkv.out[0:4]+[4:8]+[8:12]", "o.in[0:4]", "const:slice_1.args[3][0:4]", "const:slice_2.args[2][0:4]",
+                   "const:slice_2.args[3][0:4]+[4:8]", "const:slice_3.args[2][0:4]+[4:8]"]),
+        (2, False, ["o.out[0:2]"]),
+        (3, False, ["qkv.in[0:3]"]),
+    )  # fmt: skip
+
+
+def test_constant_channel_slice_counted_from_the_end_is_frozen():
+    class Tail(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.c = nn.Conv2d(3, 8, 1), nn.Conv2d(3, 2, 1)
+
+        def forward(self, x):
+            return self.c(self.a(x)[:, -3:])
+
+    dg = prunefx.analyze(Tail(), torch.randn(1, 3, 4, 4))
+    assert not the_group(dg, "a").prunable
+    assert "a constant slice of a channel dim counted from its end" in the_group(dg, "a").reasons[0]

@@ -15,6 +15,7 @@ from prunefx.analysis.labels import Lab
 from prunefx.analysis.roles import IN, OUT
 from prunefx.analysis.rules._algebra import norm_dim, op_name, pointwise, reshape, size_args, weight_owner
 from prunefx.analysis.rules._registry import register_rule
+from prunefx.analysis.rules.index import constant_slice
 from prunefx.analysis.rules.linalg import (
     _contract,
     _group_norm_fn,
@@ -170,11 +171,15 @@ register_rule(aten.roll.default, aten.flip.default, aten.select.int, aten.narrow
 
 @register_rule(aten.slice.Tensor)
 def slice_(ctx) -> Lab:
-    """``x[..., a:b]`` along one dim: a slice keeping every position passes; a partial one freezes a channel dim."""
+    """``aten.slice(x, dim, start, end, step)``: a slice keeping every position passes; literal bounds with step 1 cut
+    the channels as ``x[:, a:b]`` does (the same rule); anything else freezes a channel dim."""
     lab, shape = ctx.lab(ctx.args[0]), ctx.shape(ctx.args[0])
     d = norm_dim(ctx.arg(1, "dim", 0), lab.ndim)
     if lab.dims[d] is None or ctx.out.shape[d] == shape[d]:
         return lab
+    start, end, step = ctx.arg(2, "start"), ctx.arg(3, "end"), ctx.arg(4, "step", 1)
+    if len(ctx.args) >= 4 and all(isinstance(v, int) and not isinstance(v, bool) for v in (start, end)) and step == 1:
+        return lab.replace(d, constant_slice(ctx, lab.dims[d], start, end, shape[d], (("args", 2), ("args", 3))))
     ctx.freeze(lab.dims[d], "a constant slice of a channel dim")
     return lab.replace(d, None)
 

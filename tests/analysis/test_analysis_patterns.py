@@ -607,14 +607,16 @@ def _vit_where(dim: int, heads: int):
     return lambda p: ("qkv"[p // dim], (p % dim) // hd, p % hd)
 
 
-def test_attention_sizes_read_from_input_are_frozen_with_a_reason():
+def test_attention_head_dim_read_from_input_prunes_one_offset_in_every_block_of_the_stream():
+    # C // heads sizes head_dim: offset d of head_dim goes with channels d and 4 + d of the residual stream, so the
+    # pruned stream is still heads x the pruned head_dim
     dg = analyze(ViTAttention("from_input"), torch.randn(1, 4, 5))
-    assert assert_qkv_safe(dg, "qkv", _vit_where(8, 2)) == []
-    g = the_group(dg, "qkv")
-    assert frozen_because(g, "a size computed from another tensor's channels")
-    assert frozen_because(the_group(dg, "embed"), "a size computed from another tensor's channels")
-    assert the_group(dg, "proj") is the_group(dg, "embed")  # the residual stream, frozen with it
+    (g,) = assert_qkv_safe(dg, "qkv", _vit_where(8, 2))
+    assert g is the_group(dg, "embed") is the_group(dg, "proj") and g.channels == 4
+    assert positions(g, "embed", "out") == tuple((d, 4 + d) for d in range(4))
     assert the_group(dg, "head").prunable is False  # model output
+    result = prunefx.prune(ViTAttention("from_input").eval(), torch.randn(1, 4, 5), prunefx.PlanConfig(ratio=0.5))
+    assert result.verified.ok and result.model.embed.out_features == result.model.qkv.out_features // 3 < 8
 
 
 def test_attention_with_inferred_sizes_prunes_head_dims_consistently():

@@ -199,3 +199,77 @@ def test_constant_channel_slice_counted_from_the_end_is_frozen():
     dg = prunefx.analyze(Tail(), torch.randn(1, 3, 4, 4))
     assert not the_group(dg, "a").prunable
     assert "a constant slice of a channel dim counted from its end" in the_group(dg, "a").reasons[0]
+
+
+# ---- reshapes sized from other tensors -------------------------------------------------------------------------------
+class FactorAttn(nn.Module):
+    """CoaT: head_dim is ``C // heads`` with C the residual width, and a conv over ``reshape(b, h * c, H, W)`` with
+    h, c read from q's shape."""
+
+    def __init__(self, dim=8, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.embed, self.qkv, self.proj = nn.Linear(3, dim), nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.conv, self.head = nn.Conv2d(dim, dim, 3, padding=1, groups=dim), nn.Linear(dim, 2)
+
+    def forward(self, x):  # x: (B, 4, 3): 2 x 2 tokens
+        x = self.embed(x)
+        B, N, C = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)
+        att = q @ (k.softmax(dim=2).transpose(-1, -2) @ v)
+        b, h, n, c = q.shape
+        crpe = self.conv(v.transpose(-1, -2).reshape(b, h * c, 2, 2)).reshape(b, h, c, n).transpose(-1, -2)
+        y = (att + q * crpe).transpose(1, 2).reshape(B, N, C)
+        return self.head(x + self.proj(y))
+
+
+def test_head_dim_computed_as_width_over_heads_prunes_the_same_offset_in_every_block():
+    x = torch.randn(2, 4, 3)
+    dg = prunefx.analyze(FactorAttn(), x)
+    expect(
+        dg,
+        (4, True, ["conv.in[0:4]+[4:8]", "conv.out[0:4]+[4:8]", "embed.out[0:4]+[4:8]", "head.in[0:4]+[4:8]",
+                   "proj.in[0:4]+[4:8]", "proj.out[0:4]+[4:8]", "qkv.in[0:4]+[4:8]", "qkv.out[0:4]x6"]),
+        (2, False, ["head.out[0:2]"]),
+    )  # fmt: skip
+    g = the_group(dg, "embed")
+    assert g.prunable and g.channels == 4  # offset d of head_dim = channels d and 4 + d of the residual width
+    assert positions(g, "embed", "out") == tuple((d, 4 + d) for d in range(4))
+    assert positions(g, "qkv", "out") == tuple(tuple(p * 4 + d for p in range(6)) for d in range(4))
+    assert positions(g, "conv", "out") == tuple((d, 4 + d) for d in range(4))
+    result = _checked(FactorAttn().eval(), x)
+    m = result.model
+    assert m.embed.out_features == m.conv.out_channels == m.qkv.out_features // 3 < 8
+
+
+class BatchTimesHeads(nn.Module):
+    """SAM: ``reshape(3, B * num_heads, N, -1)``: the heads literal sits in a multiplication before the reshape."""
+
+    def __init__(self, dim=16, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.qkv, self.proj = nn.Linear(3, 3 * dim), nn.Linear(dim, 2)
+
+    def forward(self, x):  # x: (B, N, 3)
+        B, N, _ = x.shape
+        qkv = self.qkv(x).view(B, N, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.reshape(3, B * self.heads, N, -1).unbind(0)
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v)  # its scale freezes head_dim: heads prune
+        return self.proj(y.view(B, self.heads, N, -1).permute(0, 2, 1, 3).reshape(B, N, -1))
+
+
+def test_batch_times_heads_literal_follows_the_kept_heads():
+    x = torch.randn(2, 5, 3)
+    dg = prunefx.analyze(BatchTimesHeads(), x)
+    expect(
+        dg,
+        (4, True, ["const:mul.args[1][0:4]", "const:view.args[4][0:4]", "const:view_1.args[2][0:4]",
+                   "proj.in[0:13:4]+[1:14:4]+[2:15:4]+[3:16:4]", "qkv.out[0:13:4]x12"]),
+        (2, False, ["proj.out[0:2]"]),
+    )  # fmt: skip
+    (g,) = [g for g in dg.groups if g.prunable]
+    assert positions(g, "mul", "args[1]", kind="const") == tuple((h,) for h in range(4))
+    result = _checked(BatchTimesHeads().eval(), x, graph_rewrite=True)
+    (mul,) = [n for n in result.model.graph.nodes if n.name == "mul"]
+    assert mul.args[1] == 2 and result.model.qkv.out_features == 3 * 2 * 4

@@ -98,6 +98,9 @@ def constant_slice(
         ctx.freeze(arr, "a constant slice of a channel dim counted from its end")
         return None
     a, b = min(start or 0, n), n if stop is None else min(stop, n)
+    if a >= b:  # an empty slice keeps no channel to follow
+        ctx.freeze(arr, "an empty constant slice of a channel dim")
+        return None
     if a > 0:
         ctx.constant(paths[0], arr[:a])
     if 0 < b < n:

@@ -273,3 +273,38 @@ def test_batch_times_heads_literal_follows_the_kept_heads():
     result = _checked(BatchTimesHeads().eval(), x, graph_rewrite=True)
     (mul,) = [n for n in result.model.graph.nodes if n.name == "mul"]
     assert mul.args[1] == 2 and result.model.qkv.out_features == 3 * 2 * 4
+
+
+class WindowBlock(nn.Module):
+    """Swin / GCViT: tokens -> ``view(B, H, W, C)`` -> window partition -> attention with ``C // heads`` -> window
+    unpartition -> tokens; every size read from the tensors."""
+
+    def __init__(self, dim=8, heads=2, ws=2):
+        super().__init__()
+        self.heads, self.ws = heads, ws
+        self.embed, self.qkv, self.proj, self.head = (nn.Linear(3, dim), nn.Linear(dim, 3 * dim), nn.Linear(dim, dim),
+                                                      nn.Linear(dim, 2))
+
+    def forward(self, x):  # x: (B, 16, 3), 4 x 4 tokens
+        x = self.embed(x)
+        B, L, C = x.shape
+        ws, H = self.ws, 4
+        w = x.view(B, H, H, C).view(B, H // ws, ws, H // ws, ws, C).permute(0, 1, 3, 2, 4, 5)
+        w = w.reshape(-1, ws * ws, C)
+        Bw, N, _ = w.shape
+        q, k, v = self.qkv(w).reshape(Bw, N, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+        y = ((q @ k.transpose(-2, -1)).softmax(-1) @ v).transpose(1, 2).reshape(Bw, N, C)
+        y = self.proj(y).view(B, H // ws, H // ws, ws, ws, C).permute(0, 1, 3, 2, 4, 5).reshape(B, H * H, C)
+        return self.head(x + y)
+
+
+def test_window_partition_attention_with_sizes_read_from_the_tensors():
+    x = torch.randn(2, 16, 3)
+    dg = prunefx.analyze(WindowBlock(), x)
+    expect(
+        dg,
+        (4, True, ["embed.out[0:4]+[4:8]", "head.in[0:4]+[4:8]", "proj.in[0:4]+[4:8]", "proj.out[0:4]+[4:8]",
+                   "qkv.in[0:4]+[4:8]", "qkv.out[0:4]x6"]),
+        (2, False, ["head.out[0:2]"]),
+    )  # fmt: skip
+    _checked(WindowBlock().eval(), x)

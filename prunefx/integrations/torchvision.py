@@ -110,7 +110,7 @@ def _mvit_add_rel_pos(ctx: Any) -> Lab:
         lt = ctx.lab(ctx.arg(i, key))
         _contract(ctx, lq.dims[-1], lt.dims[1])
         if lt.dims[0] is not None:
-            ctx.freeze(lt.dims[0], "relative position table rows are picked by position")
+            ctx.freeze(lt.dims[0], "relative position bias rows are looked up by position")
     if lq.dims[2] is not None:
         ctx.freeze(lq.dims[2], "relative positions are added along this dim")
     heads = broadcast_merge(ctx, [(Lab(la.dims[:2]), ctx.shape(attn)[:2]), (Lab(lq.dims[:2]), ctx.shape(q)[:2])],

@@ -33,7 +33,7 @@ def test_relative_position_tables_follow_the_query_head_dim():
     rows = [g for g in dg.groups if any(m.name == "blocks.0.attn.rel_pos_h" and str(m.role) == "dim0"
                                         for m in g.members)]
     assert rows and not any(r.prunable for r in rows)
-    assert any("relative position table rows are picked by position" in r.reasons[0] for r in rows)
+    assert any("relative position bias rows are looked up by position" in r.reasons[0] for r in rows)
 
 
 @pytest.mark.parametrize("cls_embed", [False, True], ids=["shortcut_without_cls", "shortcut_with_cls"])

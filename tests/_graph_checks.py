@@ -53,3 +53,22 @@ def the_group(dg, name: str, role: str = "out"):
     gs = dg.groups_of(name, role)
     assert len(gs) == 1, f"{name}.{role} spans {len(gs)} groups"
     return gs[0]
+
+
+def member_text(m) -> str:
+    return ("const:" if m.kind is Kind.CONST else "") + f"{m.name}.{m.describe()}"
+
+
+def layout(dg, params: bool = False) -> list[tuple[int, bool, tuple[str, ...]]]:
+    """Every group as (channels, prunable, sorted members); parameter members only when asked."""
+    rows = [
+        (g.channels, g.prunable, tuple(sorted(member_text(m) for m in g.members if params or m.kind is not Kind.PARAM)))
+        for g in dg.groups
+    ]
+    return sorted(rows)
+
+
+def expect(dg, *groups: tuple[int, bool, list[str]], params: bool = False) -> None:
+    """The analysis found exactly these groups: (channels, prunable, members as ``dg.table()`` prints them)."""
+    want = sorted((n, p, tuple(sorted(ms))) for n, p, ms in groups)
+    assert layout(dg, params) == want

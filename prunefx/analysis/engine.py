@@ -193,11 +193,13 @@ class Ctx:
         self.param(qualname, dim, atoms)
         self.state.inside.add(RecordKey(Kind.PARAM, qualname, ParamDim(dim)))
 
-    def constant(self, path: tuple, atoms: np.ndarray) -> None:
-        """A literal at ``("args", i, j...)`` in this node's arguments that equals the number of kept positions."""
+    def constant(self, path: tuple, atoms: np.ndarray, at: tuple[str, str] | None = None) -> None:
+        """A literal at ``("args", i, j...)`` in this node's arguments that equals the number of kept positions;
+        ``at``: (node name, owner) of an earlier node holding it instead (``b * num_heads`` feeding a reshape)."""
         if not path or path[0] != "args" or not all(isinstance(p, int) for p in path[1:]):
             raise ValueError(f"a graph literal is addressed as ('args', i, ...), got {path!r}")
-        self._record(Kind.CONST, self.node.name, Literal(tuple(path[1:])), atoms, owner=self.owner())
+        name, owner = at or (self.node.name, self.owner())
+        self._record(Kind.CONST, name, Literal(tuple(path[1:])), atoms, owner=owner)
 
     def equal_count(self, segments: list[np.ndarray], why: str) -> None:
         self.state.ties.append(EqualCount([np.asarray(s) for s in segments], f"{why} ({self.where()})"))
@@ -363,5 +365,28 @@ def size_arith(ctx: Ctx, val: Any, labs: list[Any]) -> Any:
     if isinstance(val, int) and not isinstance(val, bool) and refs:
         sources = tuple(s for r in refs for s in r.sources)
         exact = ctx.node.target in (operator.pos, int) and len(refs) == 1 and refs[0].exact
-        return SizeRef(val, sources, exact)
+        return SizeRef(val, sources, exact, **({} if exact else _arith_form(ctx, val, labs)))
     return val
+
+
+def _arith_form(ctx: Ctx, val: int, labs: list[Any]) -> dict[str, Any]:
+    """How ``val`` follows its operands' sizes, where a rule can keep it valid after pruning (see SizeRef)."""
+    target, raw = ctx.node.target, ctx.args
+    if len(labs) != 2 or len(raw) != 2:
+        return {}
+    a, b = labs
+    if target in (operator.mul, operator.imul):
+        if all(isinstance(x, SizeRef) and x.sources and (x.exact or x.product) for x in labs):
+            if val == int(np.prod([len(s) for x in labs for s in x.sources])):
+                return {"product": True}
+        for i, (lit, other) in enumerate(((a, b), (b, a))):
+            if _is_literal_int(raw[i]) and lit > 0 and isinstance(other, SizeRef) and not other.sources:
+                return {"literal": (ctx.node.name, ("args", i), ctx.owner(), lit)}
+    if target is operator.floordiv and isinstance(a, SizeRef) and a.exact and len(a.sources) == 1:
+        if _is_literal_int(raw[1]) and b > 0 and len(a.sources[0]) % b == 0:
+            return {"div": b}
+    return {}
+
+
+def _is_literal_int(a: Any) -> bool:
+    return isinstance(a, int) and not isinstance(a, bool)

@@ -44,11 +44,19 @@ class SizeRef:
 
     ``sources``: label arrays of the labeled dims it was read from (empty: it only depends on fixed dims).
     ``exact``: it *is* one dim's size (no arithmetic), so a view using it can be tied to that dim.
+    The arithmetic forms a rule can still follow after pruning (at most one is set):
+    ``product``: the product of the sizes of ``sources`` (``h * c`` from ``b, h, n, c = q.shape``);
+    ``div``: ``len(sources[0]) // div`` exactly (``c // num_heads``);
+    ``literal``: ``(node name, ("args", i), owner, value)`` of an int literal that this value is a multiple of, the
+    other factors sizes of dims never pruned (``b * num_heads``): rewriting that literal rewrites the value.
     """
 
     value: int
     sources: tuple[np.ndarray, ...] = ()
     exact: bool = False
+    product: bool = False
+    div: int = 0
+    literal: tuple[str, tuple, str, int] | None = None
 
 
 def int_value(x: object) -> object:

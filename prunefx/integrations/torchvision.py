@@ -6,13 +6,15 @@ from typing import Any
 
 import torch
 from torchvision.models.detection import roi_heads, transform
+from torchvision.models.video import mvit
 from torchvision.ops import batched_nms, boxes, nms, roi_align, roi_pool
 from torchvision.ops.poolers import _filter_input, _multiscale_roi_align, _setup_scales
 from torchvision.ops.stochastic_depth import stochastic_depth
 
 from prunefx.analysis.labels import Lab
 from prunefx.analysis.rules import register_rule, register_train_only
-from prunefx.analysis.rules._algebra import passthrough
+from prunefx.analysis.rules._algebra import broadcast_merge, norm_dim, passthrough, pointwise
+from prunefx.analysis.rules.linalg import _contract
 from prunefx.capture.semantics import register_discrete
 from prunefx.capture.trace import register_leaf_function
 from prunefx.integrations import swin  # noqa: F401 - Swin attention heads: rules, fixer, pruned forward
@@ -66,3 +68,51 @@ def _roi_pool_rule(ctx: Any) -> Lab:
 def _setup_scales_rule(ctx: Any) -> Any:
     """The pooler's scales and level mapper come from the feature maps' spatial sizes, never their channels."""
     return ctx.out
+
+
+# ---- MViT (video): helpers it hides from fx ---------------------------------------------------------------------
+@register_rule(mvit._unsqueeze)
+def _mvit_unsqueeze(ctx: Any) -> tuple:
+    """``(x.unsqueeze(expand_dim) if x.dim() == target_dim - 1 else x, x.dim())``: a new dim of size 1."""
+    lab, target, expand = ctx.lab(ctx.args[0]), ctx.arg(1, "target_dim"), ctx.arg(2, "expand_dim")
+    if lab.ndim == target - 1:
+        d = norm_dim(expand, lab.ndim + 1)
+        lab = Lab((*lab.dims[:d], None, *lab.dims[d:]))
+    return lab, ctx.out[1]
+
+
+@register_rule(mvit._squeeze)
+def _mvit_squeeze(ctx: Any) -> Lab:
+    """Undoes ``_unsqueeze``: drops ``expand_dim`` (size 1) when the input had ``target_dim - 1`` dims."""
+    lab = ctx.lab(ctx.args[0])
+    target, expand, had = ctx.arg(1, "target_dim"), ctx.arg(2, "expand_dim"), ctx.arg(3, "tensor_dim")
+    if had != target - 1:
+        return lab
+    d = norm_dim(expand, lab.ndim)
+    if lab.dims[d] is not None:
+        ctx.freeze(lab.dims[d], "squeeze of a one-channel dim")
+    return Lab(lab.dims[:d] + lab.dims[d + 1 :])
+
+
+@register_rule(mvit._add_shortcut)
+def _mvit_add_shortcut(ctx: Any) -> Lab:
+    """``x += shortcut`` (all tokens, or all but the class token): element-wise along the channels."""
+    return pointwise(ctx, [ctx.args[0], ctx.args[1]])
+
+
+@register_rule(mvit._add_rel_pos)
+def _mvit_add_rel_pos(ctx: Any) -> Lab:
+    """``attn += einsum(q, R)`` per axis, R rows of a learned table picked by relative position: q's head dim is
+    contracted with every table's columns, the heads add element-wise to attn's, the table rows are positions."""
+    attn, q = ctx.args[0], ctx.args[1]
+    la, lq = ctx.lab(attn), ctx.lab(q)
+    for i, key in ((4, "rel_pos_h"), (5, "rel_pos_w"), (6, "rel_pos_t")):
+        lt = ctx.lab(ctx.arg(i, key))
+        _contract(ctx, lq.dims[-1], lt.dims[1])
+        if lt.dims[0] is not None:
+            ctx.freeze(lt.dims[0], "relative position bias rows are looked up by position")
+    if lq.dims[2] is not None:
+        ctx.freeze(lq.dims[2], "relative positions are added along this dim")
+    heads = broadcast_merge(ctx, [(Lab(la.dims[:2]), ctx.shape(attn)[:2]), (Lab(lq.dims[:2]), ctx.shape(q)[:2])],
+                            tuple(ctx.out.shape[:2]), "relative positions added with heads that cannot be sliced")
+    return Lab((*heads, *la.dims[2:]))

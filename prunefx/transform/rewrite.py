@@ -102,8 +102,11 @@ def _rewrite_constants(dg: DependencyGraph, consts: list[tuple[str, Literal, int
     dg.gm.recompile()
 
 
-def _replaced(container: tuple | list, path: tuple[int, ...], value: int) -> tuple | list:
-    """A copy of nested ``container`` with the item at ``path`` replaced (same container types)."""
+def _replaced(container: tuple | list | slice, path: tuple[int, ...], value: int) -> tuple | list | slice:
+    """A copy of nested ``container`` with the item at ``path`` replaced (same container types; a slice's items
+    are its start, stop and step)."""
+    if isinstance(container, slice):
+        return slice(*_replaced([container.start, container.stop, container.step], path, value))
     items = list(container)
     head, *rest = path
     items[head] = _replaced(items[head], tuple(rest), value) if rest else value

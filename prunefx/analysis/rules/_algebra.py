@@ -68,6 +68,8 @@ def check_size(ctx: Any, ref: Any, out_atoms: np.ndarray, own: np.ndarray | None
     if not isinstance(ref, SizeRef):
         ctx.freeze(out_atoms, "a size of unknown origin sets this channel count")
         return
+    if ref.literal is not None and not ref.sources and _literal_factor(ctx, ref, out_atoms):
+        return
     if not ref.sources:
         ctx.freeze(out_atoms, "a size read from a dim that is never pruned sets this channel count")
         return
@@ -78,7 +80,47 @@ def check_size(ctx: Any, ref: Any, out_atoms: np.ndarray, own: np.ndarray | None
         ctx.union(ref.sources[0], out_atoms)
         ctx.note(out_atoms, f"channel count tied to another tensor's size at {ctx.where()}")
         return
+    if ref.div and len(ref.sources) == 1 and len(ref.sources[0]) == ref.div * len(out_atoms):
+        # c // k sets this count: pruning offset d here prunes offset d of each of the k blocks of c, so c' // k
+        # stays the count kept here (``reshape(b, n, heads, c // heads)`` with c the width of another tensor)
+        k, n = ref.div, len(out_atoms)
+        ctx.union(ref.sources[0].reshape(k, n), np.broadcast_to(out_atoms, (k, n)))
+        ctx.note(out_atoms, f"channel count is another tensor's width // {k} at {ctx.where()}")
+        return
     ctx.freeze(np.concatenate([*ref.sources, out_atoms]), "a size computed from another tensor's channels")
+
+
+def _literal_factor(ctx: Any, ref: SizeRef, out_atoms: np.ndarray) -> bool:
+    """``b * num_heads`` sets a dim of ``b`` copies of ``num_heads`` channels: the literal follows their kept count."""
+    name, path, owner, k = ref.literal
+    n = len(out_atoms)
+    if n % k:
+        return False
+    rows = out_atoms.reshape(n // k, k)
+    if not (rows == rows[0]).all():
+        return False
+    ctx.constant(path, rows[0], at=(name, owner))
+    return True
+
+
+def _product_follows(ctx: Any, ref: Any, merged: list[np.ndarray]) -> bool:
+    """``reshape(b, h * c, ...)`` with ``h``, ``c`` read from the dims it merges (or dims tied to them): the size is
+    the product of their kept counts by construction. Each source is tied to the merged dim it was read from."""
+    if not (isinstance(ref, SizeRef) and ref.product and len(ref.sources) == len(merged)):
+        return False
+    left = list(ref.sources)
+    pairs = []
+    for arr in merged:
+        pick = next((s for s in left if s is arr), None)
+        pick = pick if pick is not None else next((s for s in left if len(s) == len(arr)), None)
+        if pick is None:
+            return False
+        left = [s for s in left if s is not pick]
+        pairs.append((pick, arr))
+    for s, arr in pairs:
+        if s is not arr:
+            ctx.union(s, arr)
+    return True
 
 
 def _pair_dims(a: tuple[int, ...], b: tuple[int, ...]) -> list[tuple[list[int], list[int]]]:
@@ -142,7 +184,7 @@ def reshape(ctx: Any, x: Any, out_shape: tuple[int, ...], sizes: list[tuple[Any,
             grid = merged.reshape([in_shape[i] for i in ii])
             ctx.product(grid, [(ii.index(i), lab.dims[i]) for i in labeled], [False] * len(labeled))
             dims[j] = merged
-            if sizes is not None:
+            if sizes is not None and not _product_follows(ctx, sizes[j][0], [lab.dims[i] for i in labeled]):
                 check_size(ctx, sizes[j][0], merged, None, sizes[j][1])
             continue
         (i0,) = labeled

@@ -15,11 +15,13 @@ from prunefx.analysis.labels import Lab
 from prunefx.analysis.roles import IN, OUT
 from prunefx.analysis.rules._algebra import norm_dim, op_name, pointwise, reshape, size_args, weight_owner
 from prunefx.analysis.rules._registry import register_rule
+from prunefx.analysis.rules.index import constant_slice
 from prunefx.analysis.rules.linalg import (
     _contract,
     _group_norm_fn,
     batch_norm_fn,
     conv_fn,
+    einsum,
     linear_fn,
     matmul,
     norm_fn,
@@ -68,6 +70,8 @@ register_rule(
     aten.contiguous.default, aten.clone.default, aten.detach.default, aten.zeros_like.default,
     aten.ones_like.default, aten.full_like.default, aten.empty_like.default, aten.lift_fresh_copy.default,
 )(pointwise)  # fmt: skip
+
+register_rule(aten.einsum.default)(einsum)  # (equation, [operands]): the torch-level rule reads both forms
 
 
 @register_rule(aten.type_as.default)
@@ -167,11 +171,15 @@ register_rule(aten.roll.default, aten.flip.default, aten.select.int, aten.narrow
 
 @register_rule(aten.slice.Tensor)
 def slice_(ctx) -> Lab:
-    """``x[..., a:b]`` along one dim: a slice keeping every position passes; a partial one freezes a channel dim."""
+    """``aten.slice(x, dim, start, end, step)``: a slice keeping every position passes; literal bounds with step 1 cut
+    the channels as ``x[:, a:b]`` does (the same rule); anything else freezes a channel dim."""
     lab, shape = ctx.lab(ctx.args[0]), ctx.shape(ctx.args[0])
     d = norm_dim(ctx.arg(1, "dim", 0), lab.ndim)
     if lab.dims[d] is None or ctx.out.shape[d] == shape[d]:
         return lab
+    start, end, step = ctx.arg(2, "start"), ctx.arg(3, "end"), ctx.arg(4, "step", 1)
+    if len(ctx.args) >= 4 and all(isinstance(v, int) and not isinstance(v, bool) for v in (start, end)) and step == 1:
+        return lab.replace(d, constant_slice(ctx, lab.dims[d], start, end, shape[d], (("args", 2), ("args", 3))))
     ctx.freeze(lab.dims[d], "a constant slice of a channel dim")
     return lab.replace(d, None)
 

@@ -31,9 +31,10 @@ def getitem(ctx):
             return container[idx]
         return ctx.out
     items = list(idx) if isinstance(idx, tuple) else [idx]
+    paths = [("args", 1, k) for k in range(len(items))] if isinstance(idx, tuple) else [("args", 1)]
     if any(_advanced(ctx, i) for i in items):
-        return _advanced_index(ctx, obj, items)
-    return _basic_index(ctx, obj, items)
+        return _advanced_index(ctx, obj, items, paths)
+    return _basic_index(ctx, obj, items, paths)
 
 
 def _advanced(ctx, it) -> bool:
@@ -49,21 +50,25 @@ def _consumed(ctx, it) -> int:
     return 1
 
 
-def _expand_ellipsis(ctx, items: list, ndim: int) -> list:
+def _expand_ellipsis(ctx, items: list, paths: list, ndim: int) -> tuple[list, list]:
+    """Items with ``...`` replaced by full slices, and each item's path in the node's arguments (None if made here)."""
     if Ellipsis not in items:
-        return items
+        return items, paths
     k = items.index(Ellipsis)
     used = sum(_consumed(ctx, i) for i in items if i is not Ellipsis)
-    return [*items[:k], *[slice(None)] * (ndim - used), *items[k + 1 :]]
+    fill = ndim - used
+    return [*items[:k], *[slice(None)] * fill, *items[k + 1 :]], [*paths[:k], *[None] * fill, *paths[k + 1 :]]
 
 
-def _slice(ctx, arr: np.ndarray | None, it: slice, n: int) -> np.ndarray | None:
-    """Labels of ``dim[it]`` for a labeled dim of size ``n``."""
+def _slice(ctx, arr: np.ndarray | None, it: slice, n: int, path: tuple | None) -> np.ndarray | None:
+    """Labels of ``dim[it]`` for a labeled dim of size ``n``; ``path``: where the slice sits in the node's args."""
     if arr is None:
         return None
     start, stop, step = it.start, it.stop, it.step
     if start in (None, 0) and step in (None, 1) and (stop is None or (isinstance(stop, int) and stop >= n)):
         return arr
+    if _literal(start) and _literal(stop) and step in (None, 1) and path is not None:
+        return constant_slice(ctx, arr, start, stop, n, ((*path, 0), (*path, 1)))
     ref = ctx.aval(stop) if isinstance(stop, fx.Node) else None
     if start in (None, 0) and step in (None, 1) and isinstance(ref, SizeRef) and ref.exact and len(ref.sources) == 1:
         src = ref.sources[0]
@@ -78,17 +83,43 @@ def _slice(ctx, arr: np.ndarray | None, it: slice, n: int) -> np.ndarray | None:
     return None
 
 
-def _basic_index(ctx, obj, items: list) -> Lab:
+def _literal(v) -> bool:
+    return v is None or (isinstance(v, int) and not isinstance(v, bool))
+
+
+def constant_slice(
+    ctx, arr: np.ndarray, start: int | None, stop: int | None, n: int, paths: tuple
+) -> np.ndarray | None:
+    """``x[:, a:b]`` with literal bounds (DPN's residual / dense parts, a fused qkv cut at ``q_pos``): like a split,
+    its channels are the source's channels a..b-1, and after pruning each bound is the number of kept channels
+    before it (recorded as graph literals at ``paths``: the start's and the stop's)."""
+    if (start is not None and start < 0) or (stop is not None and stop < 0):
+        # counted from the end: the bound moves with channels pruned after it, which no kept count expresses
+        ctx.freeze(arr, "a constant slice of a channel dim counted from its end")
+        return None
+    a, b = min(start or 0, n), n if stop is None else min(stop, n)
+    if a >= b:  # an empty slice keeps no channel to follow
+        ctx.freeze(arr, "an empty constant slice of a channel dim")
+        return None
+    if a > 0:
+        ctx.constant(paths[0], arr[:a])
+    if 0 < b < n:
+        ctx.constant(paths[1], arr[:b])
+    ctx.note(arr[a:b], f"channels {a}..{b - 1} of a constant slice at {ctx.where()}")
+    return arr[a:b]
+
+
+def _basic_index(ctx, obj, items: list, paths: list) -> Lab:
     lab, shape = ctx.lab(obj), ctx.shape(obj)
-    items = _expand_ellipsis(ctx, items, len(shape))
+    items, paths = _expand_ellipsis(ctx, items, paths, len(shape))
     out, d = [], 0
-    for it in items:
+    for it, path in zip(items, paths, strict=True):
         if it is None:
             out.append(None)
             continue
         arr = lab.dims[d]
         if isinstance(it, slice):
-            out.append(_slice(ctx, arr, it, shape[d]))
+            out.append(_slice(ctx, arr, it, shape[d], path))
         elif arr is not None:  # an int (or a traced int)
             ctx.freeze(arr, "indexing picks a single channel")
         d += 1
@@ -96,9 +127,9 @@ def _basic_index(ctx, obj, items: list) -> Lab:
     return Lab(tuple(out))
 
 
-def _advanced_index(ctx, obj, items: list) -> Lab:
+def _advanced_index(ctx, obj, items: list, paths: list) -> Lab:
     lab, shape = ctx.lab(obj), ctx.shape(obj)
-    items = _expand_ellipsis(ctx, items, len(shape))
+    items, paths = _expand_ellipsis(ctx, items, paths, len(shape))
     before, after, parts, adv_pos = [], [], [], []
     d = 0
     for k, it in enumerate(items):
@@ -123,7 +154,7 @@ def _advanced_index(ctx, obj, items: list) -> Lab:
             else:  # an int beside tensor indices broadcasts as a 0-d index
                 parts.append((Lab.none(0), ()))
         else:
-            (after if adv_pos else before).append(_slice(ctx, lab.dims[d], it, shape[d]))
+            (after if adv_pos else before).append(_slice(ctx, lab.dims[d], it, shape[d], paths[k]))
         d += n
     rest = list(lab.dims[d:])
     together = adv_pos == list(range(adv_pos[0], adv_pos[0] + len(adv_pos)))

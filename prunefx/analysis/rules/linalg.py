@@ -277,3 +277,63 @@ def sdpa(ctx) -> Lab:
     for b in batch:
         ctx.tag_batch(b)
     return Lab((*batch, lq.dims[-2], lv.dims[-1]))
+
+
+def _einsum_terms(eq: str, ndims: list[int]) -> tuple[list[list[str]], list[str]] | None:
+    """Per operand its dims as letters (``...`` expanded to fresh names, right-aligned as it broadcasts), and the
+    output's; None for a form not modelled (a wrong count of operands)."""
+    eq = eq.replace(" ", "")
+    lhs, arrow, rhs = eq.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(ndims):
+        return None
+    ell = max((n - len(t.replace("...", "")) for t, n in zip(terms, ndims, strict=True) if "..." in t), default=0)
+    names = [f"...{k}" for k in range(ell)]
+
+    def expand(term: str, nd: int | None) -> list[str]:
+        if "..." not in term:
+            return list(term)
+        head, _, tail = term.partition("...")
+        k = (nd - len(head) - len(tail)) if nd is not None else ell
+        return [*head, *names[ell - k :], *tail]
+
+    ins = [expand(t, n) for t, n in zip(terms, ndims, strict=True)]
+    if arrow:
+        out = expand(rhs, None)
+    else:  # implicit output: the broadcast dims, then every letter used once, in alphabetical order
+        letters = [c for t in ins for c in t if not c.startswith("...")]
+        out = [*names, *sorted(c for c in set(letters) if letters.count(c) == 1)]
+    return ins, out
+
+
+@register_rule(torch.einsum, "einsum")
+def einsum(ctx) -> Lab:
+    """``torch.einsum(eq, *operands)``: every letter is a dim shared by the operands that name it, position by
+    position: removing index i of a letter from all of them removes exactly its terms (a contracted letter) or
+    its output slice (a kept letter). Operands that name a letter with its full size are sliced together there;
+    one that cannot be sliced there (an input, a constant) freezes the others, one broadcast from size 1 is
+    frozen."""
+    eq, *ops = ctx.args
+    if len(ops) == 1 and isinstance(ops[0], (list, tuple)):
+        ops = list(ops[0])
+    tensors = [o for o in ops if ctx.is_tensor(o)]
+    labs = [ctx.lab(t) for t in tensors]
+    parsed = _einsum_terms(eq, [lab.ndim for lab in labs]) if isinstance(eq, str) else None
+    if parsed is None or any(len(set(t)) != len(t) for t in parsed[0]) or len(set(parsed[1])) != len(parsed[1]):
+        ctx.freeze(labs, "an einsum form prunefx does not model (repeated letters in one operand)")
+        return Lab.none(ctx.out.dim())
+    ins, out = parsed
+    size = dict(zip(out, ctx.out.shape, strict=True))
+    for t, term in zip(tensors, ins, strict=True):
+        for c, n in zip(term, ctx.shape(t), strict=True):
+            size[c] = max(size.get(c, 1), n)
+    merged: dict[str, np.ndarray | None] = {}
+    for c, n in size.items():
+        parts = [(Lab((lab.dims[term.index(c)],)), (ctx.shape(t)[term.index(c)],))
+                 for t, lab, term in zip(tensors, labs, ins, strict=True) if c in term]
+        why = ("einsum contracts it with a dim that cannot be sliced" if c not in out
+               else "einsum with an operand whose dim cannot be sliced")
+        (merged[c],) = broadcast_merge(ctx, parts, (n,), why)
+        if c in out and merged[c] is not None and len(parts) > 1:
+            ctx.tag_batch(merged[c])  # a dim every product is taken per index of (attention heads)
+    return Lab(tuple(merged[c] for c in out))

@@ -31,7 +31,7 @@ from prunefx.errors import VerificationError
 from prunefx.importance import Scores, score
 from prunefx.metrics import Deployment, compare_latency
 from prunefx.metrics.latency_table import LatencyTable
-from prunefx.plan import CostModel, GroupPlan, PlanConfig, PruningPlan, make_plan
+from prunefx.plan import CostModel, GroupPlan, PlanConfig, PlanError, PruningPlan, make_plan
 from prunefx.plan.latency import LatencyModel, LatencyOutcome, meet_latency
 from prunefx.transform import Compensation, apply_plan, compensate, owned_modules
 from prunefx.verify import VerifyResult, verify
@@ -106,6 +106,10 @@ def prune(
         check_inputs(dg.parts, "a latency target or round_to='auto' (layers timed from the graph)")
     if config.graph_rewrite:
         check_inputs(dg.parts, "graph_rewrite (the rewritten graph is returned as the model)")
+        if dg.capture == "export":
+            raise PlanError("graph_rewrite needs an fx capture: this model was captured with torch.export, whose "
+                            "graph cannot be returned as the model; pass capture='fx' (if fx can trace it) or leave "
+                            "graph_rewrite off")
     owned = owned_modules(model)
     scores = score(model, dg, criterion, **score_kwargs)
     needs_cost = config.flops is not None or config.params is not None

@@ -39,13 +39,10 @@ def _eligible(
             skipped.append((g.id, f"ignored by pattern {hit[0]!r}"))
         elif consts and not cfg.graph_rewrite:
             c = consts[0]
-            skipped.append(
-                (
-                    g.id,
-                    f"forward hard-codes this channel count (node '{c.name}' in {c.module_type or 'the model'}); "
-                    "set graph_rewrite=True to rewrite the traced graph",
-                )
-            )
+            fix = ("set graph_rewrite=True to rewrite the traced graph" if dg.capture != "export" else
+                   "the torch.export graph cannot be returned as the model, so graph_rewrite needs capture='fx'")
+            where = f"node '{c.name}' in {c.module_type or 'the model'}"
+            skipped.append((g.id, f"forward hard-codes this channel count ({where}); {fix}"))
         elif g.channels <= cfg.min_channels:
             skipped.append((g.id, f"only {g.channels} channel(s)"))
         else:

@@ -24,17 +24,9 @@ ZOO = torchvision.models.list_models(module=torchvision.models)
 pytestmark = pytest.mark.filterwarnings("ignore:The default weight initialization:FutureWarning")
 
 # Ops without a rule that these models are allowed to hit, and why they are acceptable (channels touching
-# them are frozen, never guessed).
-SWIN_WRAPPED = {
-    # torchvision marks it with torch.fx.wrap, so it is one opaque call in the graph (its attention and relative
-    # position bias, wrapped too, have rules in prunefx.integrations.swin)
-    "torchvision.models.swin_transformer._patch_merging_pad",  # pads H, W before the 2x2 patch merge
-}
-UNKNOWN_OPS_ALLOWED = {
-    **{name: SWIN_WRAPPED for name in ZOO if name.startswith("swin_")},
-    # MaxViT's relative-position attention contracts q, k and v with einsum; einsum has no rule.
-    "maxvit_t": {"torch.functional.einsum"},
-}
+# them are frozen, never guessed). None today: Swin's patch merging, attention and position bias and MaxViT's
+# einsums have rules.
+UNKNOWN_OPS_ALLOWED: dict[str, set[str]] = {}
 
 # > 50M parameters (checked in the test) or > 3 s to analyse on 2 shared cores.
 SLOW = {

@@ -2,12 +2,15 @@
 ``einsum`` from its subscripts, constant channel slices (``x[:, a:b]``), and reshapes whose sizes are computed
 from other tensors. Each pattern asserts the exact groups and that the pruned model equals the masked original."""
 
+import copy
+
+import pytest
 import torch
 from _graph_checks import expect, positions, the_group
 from torch import nn
 
 import prunefx
-from prunefx.plan import PlanConfig
+from prunefx.plan import PlanConfig, PlanError
 
 
 def _checked(model, x, ratio=0.5, **cfg):
@@ -185,6 +188,18 @@ def test_export_slices_with_literal_bounds_record_start_and_end():
         (2, False, ["o.out[0:2]"]),
         (3, False, ["qkv.in[0:3]"]),
     )  # fmt: skip
+
+
+def test_export_capture_with_literal_groups_says_graph_rewrite_needs_fx():
+    """The literal-carrying group is skipped with a fix that works for export captures; asking for a rewrite of an
+    export graph is one clear error, not a failed check."""
+    model, x = FusedQKV().eval(), torch.randn(2, 5, 3)
+    result = prunefx.prune(copy.deepcopy(model), x, PlanConfig(ratio=0.5), capture="export")
+    assert result.verified.ok
+    reasons = [why for _, why in result.plan.skipped if "hard-codes" in why]
+    assert reasons and all("graph_rewrite needs capture='fx'" in why for why in reasons)
+    with pytest.raises(PlanError, match="graph_rewrite needs an fx capture"):
+        prunefx.prune(copy.deepcopy(model), x, PlanConfig(ratio=0.5, graph_rewrite=True), capture="export")
 
 
 def test_constant_channel_slice_counted_from_the_end_is_frozen():

@@ -262,9 +262,9 @@ class SparsityConfig:
     threshold: float = 1e-2
     s_max: float | None = None  # schedule=target: a cap on s (the step lr * s is capped at threshold / 3 anyway)
     selective: bool = False  # penalise only the `target` fraction with the smallest |gamma| (BNSparsity select)
-    # selective: at most this fraction of one BatchNorm is penalised (BNSparsity layer_cap). 1.0 (none) by default
-    # because the shipped YOLO recipe was measured without a cap; 0.75 lifted a trained CNN's 2x pruning from
-    # 0.815 to 0.913 top-1 (experiments/selective_cap.py)
+    # selective: at most this fraction of one BatchNorm is penalised (BNSparsity layer_cap). 1.0 (none) by default:
+    # 0.5 lifted a trained CNN's 2x pruning from 0.815 to 0.917 top-1 (experiments/selective_cap.py) but left the
+    # YOLO main job where it was (0.879 vs 0.882 mAP50-95, 3 seeds, results/yolo_default_cap.md)
     layer_cap: float = 1.0
     exclude_residual: bool = False  # leave BatchNorms whose channels feed residual adds unpenalised
     exclude: tuple[str, ...] = ()  # names or fnmatch patterns of BatchNorms left unpenalised

@@ -154,8 +154,8 @@ def _col(rows: list[dict[str, Any]], key: str) -> list[float]:
 def write_md(rows: list[dict[str, Any]], path: Path, info: dict[str, str], command: str, seconds: float) -> None:
     seeds = sorted({int(r["seed"]) for r in rows})
     lines = ["# Accuracy at equal measured latency: latency-targeted vs FLOPs-targeted plans (issue 17)", "",
-             f"Command: `{command}` ({seconds / 60:.1f} min). Seeds {seeds}; mean ± standard deviation over seeds.",
-             *(f"- {k}: {v}" for k, v in info.items()), "",
+             f"Command: `{command.strip()}` ({seconds / 60:.1f} min). Seeds {seeds}; mean ± standard deviation "
+             "over seeds.", "Machine: " + "; ".join(f"{k} {v}" for k, v in info.items()) + ".", "",
              "Protocol: experiments/latency_accuracy.py docstring. Measured: each pruned model's latency over the "
              "sparse model's, all of them timed together in 10 alternating rounds (60 forwards each), batch and "
              "threads as above; top-1 on the synthetic test split, right after pruning and after the same "

@@ -108,3 +108,32 @@ def test_zoo_census_counts_fixed_channels_apart():
     assert zoo_sweep.internal_share(old) == pytest.approx(1.0)
     assert zoo_sweep.summary([{**old, "zoo": "timm", "model": "m"}])["half"] == 1
     assert zoo_sweep.summary([{**old, "zoo": "timm", "model": "m"}])["half_all"] == 0
+
+
+def test_zoo_census_fixed_reasons_are_the_analysis_own_words():
+    """Each reason the census counts as fixed is what the analysis says for such dims (vocabulary rows under export,
+    a Swin3D relative-position table's rows), so a reworded reason cannot silently change the census."""
+    import torch
+    from torch import nn
+    from torchvision.models.video.swin_transformer import SwinTransformer3d
+
+    import prunefx
+    from experiments import zoo_sweep
+
+    class Tokens(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.out = nn.Embedding(50, 8), nn.Linear(8, 4)
+
+        def forward(self, ids):
+            return self.out(self.emb(ids))
+
+    said = set()
+    dg = prunefx.analyze(Tokens().eval(), (torch.randint(0, 50, (2, 5)),), capture="export")
+    said |= {zoo_sweep._reason_key(g.reasons[0]) for g in dg.groups if not g.prunable}
+    torch.manual_seed(0)
+    swin = SwinTransformer3d(patch_size=[2, 4, 4], embed_dim=16, depths=[2], num_heads=[2], window_size=[2, 4, 4],
+                             num_classes=4).eval()
+    dg = prunefx.analyze(swin, torch.randn(1, 3, 4, 16, 16))
+    said |= {zoo_sweep._reason_key(g.reasons[0]) for g in dg.groups if not g.prunable}
+    assert set(zoo_sweep.FIXED_REASONS) <= said, said

@@ -26,7 +26,7 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> Path:
     torch.set_num_threads(args.threads)
     sizes = QUICK if args.quick else FULL
     if args.seeds:
-        sizes = Sizes(tuple(int(s) for s in args.seeds.split(",")), *list(vars(sizes).values())[1:])
+        sizes = replace(sizes, seeds=tuple(int(s) for s in args.seeds.split(",")))
     stem = "latency_accuracy_quick" if args.quick else "latency_accuracy"
     args.out.mkdir(parents=True, exist_ok=True)
     csv_path = args.out / f"{stem}.csv"

@@ -83,17 +83,20 @@ def _export_run(
 
     import prunefx
     from prunefx.export import export_onnx
+    from prunefx.pipeline.classify_model import is_classifier_spec
     from prunefx.spec import load_spec
 
     yolo_best = run / "weights" / "best.pt"
     if yolo_best.is_file():  # a YOLO pipeline run: an ordinary ultralytics checkpoint
         return _yolo(yolo_best, target, imgsz or _config(run).get("imgsz", 640), opset, dynamic, trust)
-    finetuned = run / "weights" / "finetuned.pt"
-    if finetuned.is_file():  # a classification pipeline run: rebuild through the run's own config
-        from prunefx.pipeline.classify import ClassifyJob
+    # A classification pipeline run: rebuilt through the run's own config (fine-tuning may have had 0 epochs)
+    final = next((p for p in (run / "weights" / "finetuned.pt", run / "weights" / "pruned.pt") if p.is_file()), None)
+    config = _config(run) if final is not None and (run / "config.yaml").is_file() else {}
+    if final is not None and is_classifier_spec(config.get("model")):
+        from prunefx.pipeline.backends.classify import ClassifyJob
 
-        job = ClassifyJob.from_config(_config(run))
-        model = prunefx.load(finetuned, job.factory()).eval()
+        job = ClassifyJob.from_config(config)
+        model = prunefx.load(final, job.factory()).eval()
         return export_onnx(model, (job.example(),), target, opset=opset or ONNX_OPSET, dynamic_batch=dynamic)
     pruned, report = run / "pruned.pt", run / "report.json"
     if pruned.is_file() and report.is_file():  # a `prunefx prune SPEC` run
@@ -108,14 +111,15 @@ def _export_run(
         return export_onnx(model, x, target, opset=opset or ONNX_OPSET, dynamic_batch=dynamic)
     raise PrunefxError(
         f"{run} is not a run directory prunefx can export: expected weights/best.pt (YOLO pipeline), "
-        "weights/finetuned.pt (classification pipeline) or pruned.pt with report.json (prunefx prune SPEC)"
+        "weights/finetuned.pt or weights/pruned.pt with config.yaml (classification pipeline) or pruned.pt with "
+        "report.json (prunefx prune SPEC)"
     )
 
 
 def _config(run: Path) -> dict:
-    import yaml
+    from prunefx._config import load_yaml
 
     path = run / "config.yaml"
     if not path.is_file():
         raise PrunefxError(f"{run} has no config.yaml; pass the run directory a pipeline wrote")
-    return yaml.safe_load(path.read_text()) or {}
+    return load_yaml(path.read_text(), str(path)) or {}

@@ -3,13 +3,17 @@
     text = groups_html(graph_data(dg))        # what ``dg.to_html(path)`` and ``prunefx analyze SPEC --html F`` write
 
 The CSS, the script and the data are inline and nothing is fetched, so the page opens from disk (file://)
-in any browser, offline. The layout is computed here (``graph_layout``); the script only draws it and
-handles selection, search, filter, zoom and pan, which keeps graphs of 1,000+ nodes quick. This module
-takes plain data (``prunefx.analysis.view.graph_data``) and imports nothing else from prunefx.
+in any browser, offline. Its Content-Security-Policy (``csp``) lets only that script and that style run: nothing
+remote, no inline handler, no other script, so a run directory's graph.json cannot bring code into the page.
+The layout is computed here (``graph_layout``); the script only draws it and handles selection, search, filter,
+zoom and pan, which keeps graphs of 1,000+ nodes quick. This module takes plain data
+(``prunefx.analysis.view.graph_data``) and imports nothing else from prunefx.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import html
 import json
 import re
@@ -30,6 +34,23 @@ _CHAR_PX = 6.7  # average advance of an 11px sans-serif character: box widths ar
 def asset(name: str) -> str:
     """The text of a file in ``assets/`` (template, style, script)."""
     return (ASSETS / name).read_text(encoding="utf-8")
+
+
+@cache
+def _sha256(name: str) -> str:
+    """The CSP source that allows exactly the inlined text of asset ``name``."""
+    digest = hashlib.sha256(asset(name).encode("utf-8")).digest()
+    return f"'sha256-{base64.b64encode(digest).decode()}'"
+
+
+def csp(*, script: bool) -> str:
+    """The pages' Content-Security-Policy: the inlined page.css (and with ``script`` page.js), nothing else.
+
+    default-src 'none' refuses every fetch, inline handler and other script; data: images are the favicon.
+    """
+    scripts = _sha256("page.js") if script else "'none'"
+    return "; ".join(["default-src 'none'", f"script-src {scripts}", f"style-src {_sha256('page.css')}",
+                      "img-src data:", "base-uri 'none'", "form-action 'none'"])
 
 
 def _fill(template: str, values: Mapping[str, str]) -> str:
@@ -75,6 +96,7 @@ def graph_page(title: str, subtitle: str, graph: Mapping[str, Any], *, report: s
     return _fill(asset("page.html"), {
         "TITLE": html.escape(title), "SUBTITLE": html.escape(subtitle), "MODE": mode, "REPORT": report,
         "COLOUR": colour, "CSS": asset("page.css"), "JS": asset("page.js"), "DATA": _json_script(data),
+        "CSP": csp(script=True),
     })
 
 

@@ -5,6 +5,7 @@
 """
 
 from prunefx.html.page import groups_html
+from prunefx.report.graph import GraphError, validate_graph
 from prunefx.report.render import render_markdown, render_table
 from prunefx.report.report import (
     SCHEMA,
@@ -20,6 +21,7 @@ from prunefx.report.report_html import load_graph, report_html, write_graph, wri
 
 __all__ = [
     "SCHEMA",
+    "GraphError",
     "ReportError",
     "Stage",
     "SweepPoint",
@@ -32,6 +34,7 @@ __all__ = [
     "load_report",
     "render_markdown",
     "render_table",
+    "validate_graph",
     "validate_report",
     "write_report",
 ]

@@ -19,7 +19,8 @@ from typing import Any
 
 from prunefx._io import atomic_write
 from prunefx.errors import PrunefxError
-from prunefx.html.page import GRAPH_SCHEMA, asset, graph_page
+from prunefx.html.page import GRAPH_SCHEMA, asset, csp, graph_page
+from prunefx.report.graph import GraphError, validate_graph
 from prunefx.report.render import _COST_COLUMNS, _metric_names, _row, controls_table
 from prunefx.report.report import validate_report
 from prunefx.report.verdict import verdict
@@ -38,7 +39,11 @@ def write_graph(run_dir: str | os.PathLike[str], graph: Mapping[str, Any]) -> Pa
 
 
 def load_graph(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """``run_dir/graph.json`` (None when the run has none); a file of another schema is an error."""
+    """``run_dir/graph.json`` (None when the run has none), validated field by field (``prunefx.report.graph``).
+
+    A file of another schema, or one any field of which has the wrong type or points outside the graph, is an error:
+    the directory may be shared, and the file's values are drawn into report.html.
+    """
     path = Path(run_dir) / GRAPH_NAME
     if not path.is_file():
         return None
@@ -50,6 +55,10 @@ def load_graph(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
         got = data.get("schema") if isinstance(data, dict) else type(data).__name__
         raise PrunefxError(f"{path} is not a prunefx graph (schema {got!r}, expected {GRAPH_SCHEMA!r}); "
                            "re-run the pruning to regenerate it")
+    try:
+        validate_graph(data)
+    except GraphError as exc:
+        raise GraphError(f"{path} is not a valid prunefx graph: {exc}; re-run the pruning to regenerate it") from exc
     return data
 
 
@@ -98,10 +107,11 @@ def _widths_only(title: str, report: Mapping[str, Any]) -> str:
         f'<tr><td class="mono">{html.escape(w["name"])}</td><td class="num">{w["before"]}</td>'
         f'<td class="num">{w["after"]}</td></tr>' for w in report["widths"]
     )
-    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><link rel="icon" href="data:,">'
+    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
+            f'<meta http-equiv="Content-Security-Policy" content="{csp(script=False)}"><link rel="icon" href="data:,">'
             f"<title>{html.escape(title)}</title><style>{asset('page.css')}</style></head><body class=\"report\">"
             f"<header><h1>{html.escape(title)}</h1></header>{_section(report)}"
-            '<main><aside id="panel" style="width:100%"><p class="empty">This run has no graph.json (written next to '
+            '<main><aside id="panel" class="wide"><p class="empty">This run has no graph.json (written next to '
             "plan.json when the model is pruned), so the graph cannot be drawn. Widths per group:</p>"
             f'<table class="list"><tr><th>group</th><th>before</th><th>after</th></tr>{rows}</table></aside></main>'
             "</body></html>\n")

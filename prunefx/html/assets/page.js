@@ -7,9 +7,34 @@
   const G = D.graph, L = D.layout, REPORT = D.mode === "report";
   const nodes = G.nodes, groups = G.groups, N = nodes.length;
   const $ = (id) => document.getElementById(id);
-  const esc = (s) => String(s).replace(/[&<>"']/g, (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c]));
+
+  // ---- markup. graph.json may come from a shared run directory, so no value of it is ever markup: every
+  // ${...} in an h`...` template is escaped (a number printed as one), only fragments made by h pass as they
+  // are, and setHtml takes nothing else. The page's CSP allows no style attributes: colours and widths ride in
+  // data-bg / data-edge / data-w and paint() sets them through the CSSOM.
+  class Html { constructor(s) { this.s = s; } }
+  const ESC = {"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"};
+  const esc = (s) => String(s).replace(/[&<>"']/g, (c) => ESC[c]);
+  const piece = (v) => v instanceof Html ? v.s : Array.isArray(v) ? v.map(piece).join("")
+    : typeof v === "number" ? String(v) : v === undefined || v === null ? "" : esc(v);
+  function h(strings, ...values) {
+    let s = strings[0];
+    for (let k = 0; k < values.length; k++) s += piece(values[k]) + strings[k + 1];
+    return new Html(s);
+  }
+  const cat = (...parts) => new Html(parts.map(piece).join(""));
+  function paint(root) {
+    for (const el of root.querySelectorAll("[data-bg]")) el.style.background = el.dataset.bg;
+    for (const el of root.querySelectorAll("[data-edge]")) el.style.borderLeftColor = el.dataset.edge;
+    for (const el of root.querySelectorAll("[data-w]")) el.style.width = el.dataset.w;
+  }
+  function setHtml(el, html) {
+    if (!(html instanceof Html)) throw new TypeError("setHtml takes h`...` markup only");
+    el.innerHTML = html.s;
+    paint(el);
+  }
   const byId = new Map(groups.map((g) => [g.id, g]));
-  const wrapDots = (s) => esc(s).replace(/\./g, ".<wbr>");  // long qualified names break at their dots
+  const wrapDots = (s) => new Html(esc(s).replace(/\./g, ".<wbr>"));  // long qualified names break at their dots
 
   // ---- colours: one per group (golden-angle hues, three lightness bands), frozen grey, fixed light grey
   const FROZEN = "#bdbdbd", FIXED = "#e9e9e9", NONE = "#ffffff";
@@ -47,18 +72,18 @@
   // ---- summary bar
   function renderSummary() {
     const s = G.summary, chips = [];
-    const chip = (key, value, text, cls = "") => chips.push(`<span class="chip ${cls}" title="${esc(text)}"><b data-summary="${key}">${value}</b> ${esc(text)}</span>`);
+    const chip = (key, value, text, cls = "") => chips.push(h`<span class="chip ${cls}" title="${text}"><b data-summary="${key}">${Number(value)}</b> ${text}</span>`);
     chip("nodes", s.nodes, "nodes");
     chip("groups", s.groups, "groups");
     chip("prunable_groups", s.prunable_groups, "prunable groups");
-    chips.push(`<span class="chip"><b data-summary="prunable_channels">${s.prunable_channels}</b> of <b data-summary="channels">${s.channels}</b> channels prunable</span>`);
+    chips.push(h`<span class="chip"><b data-summary="prunable_channels">${Number(s.prunable_channels)}</b> of <b data-summary="channels">${Number(s.channels)}</b> channels prunable</span>`);
     chip("frozen_groups", s.frozen_groups, "frozen groups");
     chip("auto_leaves", s.auto_leaves, "auto-leaves", s.auto_leaves ? "warn" : "");
     chip("unknown_ops", s.unknown_ops, "ops without a rule", s.unknown_ops ? "warn" : "");
     for (const [r, c] of Object.entries(s.frozen_reasons)) {
-      chips.push(`<span class="chip reason" data-reason="${esc(r)}" title="frozen because: ${esc(r)} (click to filter)"><b data-summary-reason="${esc(r)}">${c}</b> frozen: ${esc(r)}</span>`);
+      chips.push(h`<span class="chip reason" data-reason="${r}" title="frozen because: ${r} (click to filter)"><b data-summary-reason="${r}">${Number(c)}</b> frozen: ${r}</span>`);
     }
-    $("summary").innerHTML = chips.join("");
+    setHtml($("summary"), h`${chips}`);
     $("summary").addEventListener("click", (ev) => {
       const c = ev.target.closest(".chip.reason");
       if (c) { $("filter").value = "reason:" + c.dataset.reason; applyFilter(); }
@@ -88,23 +113,23 @@
     const cls = ["n"];
     if (n.op === "call_module" && leafSet.has(n.target)) cls.push("leaf");
     if (unknownSet.has(n.name)) cls.push("unknown");
-    let s = `<g class="${cls.join(" ")}" data-i="${i}" data-name="${esc(n.target)}" transform="translate(${x},${y})">`;
+    const segs = [];
     let off = 0;
     for (const [c, f] of nodeFill(i)) {
       const sw = Math.max(0, f * w);
-      s += `<rect class="seg" x="${off.toFixed(1)}" width="${(sw + 0.4).toFixed(1)}" height="${H}" fill="${c}"/>`;
+      segs.push(h`<rect class="seg" x="${off.toFixed(1)}" width="${(sw + 0.4).toFixed(1)}" height="${H}" fill="${c}"/>`);
       off += sw;
     }
-    s += `<rect class="box" width="${w}" height="${H}" rx="3" fill="none"/>`;
-    let label = L.text[i];
+    let label = L.text[i], kbar = "";
     if (REPORT && total[i] > 0) {
-      const k = n.kept, t = total[i];
-      s += `<rect class="kbar" x="3" y="${H - 6}" width="${w - 6}" height="3"/><rect class="kbar-in" x="3" y="${H - 6}" width="${((w - 6) * k / t).toFixed(1)}" height="3"/>`;
+      const k = Number(n.kept), t = total[i];
+      kbar = h`<rect class="kbar" x="3" y="${H - 6}" width="${w - 6}" height="3"/><rect class="kbar-in" x="3" y="${H - 6}" width="${((w - 6) * k / t).toFixed(1)}" height="3"/>`;
       if (k < t) label += `  ${k}/${t}`;
     }
-    s += `<text x="${w / 2}" y="${REPORT && total[i] > 0 ? 14 : 16.5}" text-anchor="middle">${esc(label)}</text>`;
-    s += `<title>${esc(n.target)} (${esc(n.type)})${n.shape ? " " + esc(n.shape) : ""}</title></g>`;
-    return s;
+    return cat(h`<g class="${cls.join(" ")}" data-i="${i}" data-name="${n.target}" transform="translate(${x},${y})">${segs}`,
+      h`<rect class="box" width="${w}" height="${H}" rx="3" fill="none"/>${kbar}`,
+      h`<text x="${w / 2}" y="${REPORT && total[i] > 0 ? 14 : 16.5}" text-anchor="middle">${label}</text>`,
+      h`<title>${n.target} (${n.type})${n.shape ? " " + n.shape : ""}</title></g>`);
   }
   function pathOf(pts) {
     let d = `M${pts[0][0]},${pts[0][1]}`;
@@ -119,9 +144,9 @@
   const srcEdges = Array.from({length: N}, () => []);
   function draw() {
     const svgEdges = [], E = G.edges;
-    for (const [s, pts] of L.trunks) svgEdges.push(`<path class="e trunk" data-s="${s}" d="${pathOf(pts)}"/>`);
-    for (let k = 0; k < E.length; k++) svgEdges.push(`<path class="e" data-s="${E[k][0]}" marker-end="url(#arrow)" d="${pathOf(L.edges[k])}"/>`);
-    $("edges").innerHTML = svgEdges.join("");
+    for (const [s, pts] of L.trunks) svgEdges.push(h`<path class="e trunk" data-s="${Number(s)}" d="${pathOf(pts)}"/>`);
+    for (let k = 0; k < E.length; k++) svgEdges.push(h`<path class="e" data-s="${Number(E[k][0])}" marker-end="url(#arrow)" d="${pathOf(L.edges[k])}"/>`);
+    setHtml($("edges"), h`${svgEdges}`);
     for (const el of $("edges").children) srcEdges[+el.dataset.s].push(el);
     redrawNodes();
   }
@@ -129,7 +154,7 @@
   function redrawNodes() {
     const parts = new Array(N);
     for (let i = 0; i < N; i++) parts[i] = nodeSvg(i);
-    $("nodes").innerHTML = parts.join("");
+    setHtml($("nodes"), h`${parts}`);
     nodeEls = Array.from($("nodes").children);
     applyFilter();
     if (selected !== null) select(selected, activeGroup, false);
@@ -202,61 +227,63 @@
     for (const el of document.querySelectorAll("#panel .group")) el.classList.toggle("active", +el.dataset.groupId === gid);
   }
   function groupCard(gid, role) {
-    const g = byId.get(gid);
-    const c = groupColor(gid);
-    let s = `<div class="group" data-group-id="${g.id}" style="border-left-color:${c}">`;
-    s += `<div class="gh">group <span class="gid">${g.id}</span> · <span class="gch">${g.channels}</span> channels`;
-    s += g.prunable ? `<span class="state prunable">prunable</span>` : `<span class="state frozen">frozen</span>`;
-    if (role) s += ` <span class="note">(${esc(role)})</span>`;
-    s += `</div>`;
-    for (const r of g.reasons) s += `<div class="reason">frozen: ${esc(r)}</div>`;
-    if (g.prunable && !g.exact) for (const r of g.inexact_reasons) s += `<div class="note">not exactly verifiable: ${esc(r)}</div>`;
+    const g = byId.get(gid), parts = [];
+    parts.push(h`<div class="group" data-group-id="${Number(g.id)}" data-edge="${groupColor(gid)}">`);
+    parts.push(h`<div class="gh">group <span class="gid">${Number(g.id)}</span> · <span class="gch">${Number(g.channels)}</span> channels`);
+    parts.push(g.prunable ? h`<span class="state prunable">prunable</span>` : h`<span class="state frozen">frozen</span>`);
+    if (role) parts.push(h` <span class="note">(${role})</span>`);
+    parts.push(h`</div>`);
+    for (const r of g.reasons) parts.push(h`<div class="reason">frozen: ${r}</div>`);
+    if (g.prunable && !g.exact) for (const r of g.inexact_reasons) parts.push(h`<div class="note">not exactly verifiable: ${r}</div>`);
     // An equal-count constraint is stated by the tie line below, with the group it is tied to.
-    for (const r of g.constraints) if (!r.startsWith("keeps as many channels as group")) s += `<div class="note">constraint: ${esc(r)}</div>`;
+    for (const r of g.constraints) if (!r.startsWith("keeps as many channels as group")) parts.push(h`<div class="note">constraint: ${r}</div>`);
     for (const t of G.ties) if (t.groups.includes(g.id)) {
-      s += `<div class="note tie">tied: keeps as many channels as group ${t.groups.filter((x) => x !== g.id).join(", ")} (${esc(t.why)})</div>`;
+      const others = t.groups.filter((x) => x !== g.id).map(Number).join(", ");
+      parts.push(h`<div class="note tie">tied: keeps as many channels as group ${others} (${t.why})</div>`);
     }
     if (g.plan) {
-      s += `<div class="decision">kept ${g.plan.after} of ${g.plan.before}${g.plan.after < g.plan.before ? "" : " (unchanged)"}: ${esc(g.plan.why)}</div>`;
+      const after = Number(g.plan.after), before = Number(g.plan.before);
+      parts.push(h`<div class="decision">kept ${after} of ${before}${after < before ? "" : " (unchanged)"}: ${g.plan.why}</div>`);
     } else if (g.skipped) {
-      s += `<div class="decision">left alone: ${esc(g.skipped)}</div>`;
+      parts.push(h`<div class="decision">left alone: ${g.skipped}</div>`);
     }
     // Parameter slices of a member module say the same as the module's row: listed apart, folded.
     const owners = new Set(g.members.filter((m) => m.kind === "module").map((m) => m.name));
     const owned = (m) => m.kind === "param" && owners.has(m.name.slice(0, m.name.lastIndexOf(".")));
-    const row = (m) => `<tr class="member" data-member="${esc(m.name)}" data-node="${m.node.length ? m.node[0] : ""}">` +
-      `<td class="m-name mono">${wrapDots(m.name)}</td><td class="mono">${esc(m.slices)}</td><td class="m-type">${esc(m.type || m.kind)}</td></tr>`;
+    const memberRow = (m) => cat(h`<tr class="member" data-member="${m.name}" data-node="${m.node.length ? Number(m.node[0]) : ""}">`,
+      h`<td class="m-name mono">${wrapDots(m.name)}</td><td class="mono">${m.slices}</td><td class="m-type">${m.type || m.kind}</td></tr>`);
     const main = g.members.filter((m) => !owned(m)), rest = g.members.filter(owned);
-    s += `<table class="members">${main.map(row).join("")}</table>`;
-    if (rest.length) s += `<details><summary class="note">+ ${rest.length} parameter slices of these modules</summary><table class="members">${rest.map(row).join("")}</table></details>`;
-    return s + `</div>`;
+    parts.push(h`<table class="members">${main.map(memberRow)}</table>`);
+    if (rest.length) parts.push(h`<details><summary class="note">+ ${rest.length} parameter slices of these modules</summary><table class="members">${rest.map(memberRow)}</table></details>`);
+    parts.push(h`</div>`);
+    return cat(...parts);
   }
   function select(i, gid, recenter) {
     selected = i;
-    const n = nodes[i];
-    let h = `<h2 class="node-name">${wrapDots(n.target)}</h2>`;
-    h += `<div class="kv">${esc(n.type)} · ${esc(n.op)}${n.shape ? " · " + esc(n.shape) : ""}${n.name !== n.target ? " · node " + esc(n.name) : ""}</div>`;
+    const n = nodes[i], parts = [];
+    parts.push(h`<h2 class="node-name">${wrapDots(n.target)}</h2>`);
+    parts.push(h`<div class="kv">${n.type} · ${n.op}${n.shape ? " · " + n.shape : ""}${n.name !== n.target ? " · node " + n.name : ""}</div>`);
     if (n.src) {
       const short = n.src.replace(/^.*(site-packages|dist-packages)\//, "");
-      h += `<div class="src" title="${esc(n.src)}"><span class="mono">${esc(short)}</span>${n.code ? `<code>${esc(n.code)}</code>` : ""}</div>`;
+      parts.push(h`<div class="src" title="${n.src}"><span class="mono">${short}</span>${n.code ? h`<code>${n.code}</code>` : ""}</div>`);
     }
-    if (leafSet.has(n.target)) h += `<div class="reason">traced as a leaf: ${esc(G.auto_leaves[n.target])}</div>`;
-    if (unknownSet.has(n.name)) h += `<div class="reason">no rule for ${esc(G.unknown_ops[n.name])}: its channels are frozen</div>`;
+    if (leafSet.has(n.target)) parts.push(h`<div class="reason">traced as a leaf: ${G.auto_leaves[n.target]}</div>`);
+    if (unknownSet.has(n.name)) parts.push(h`<div class="reason">no rule for ${G.unknown_ops[n.name]}: its channels are frozen</div>`);
     if (total[i] > 0) {
-      const fixed = n.chan.filter(([g]) => g < 0).reduce((a, [, c]) => a + c, 0);
-      h += `<div class="kv">channels: <b>${total[i]}</b>${fixed ? ` (${fixed} fixed)` : ""}`;
-      if (REPORT) h += ` · kept <b class="kept">${n.kept}</b> of ${total[i]}`;
-      h += `</div>`;
+      const fixed = n.chan.filter(([g]) => g < 0).reduce((a, [, c]) => a + Number(c), 0);
+      parts.push(h`<div class="kv">channels: <b>${total[i]}</b>${fixed ? ` (${fixed} fixed)` : ""}`);
+      if (REPORT) parts.push(h` · kept <b class="kept">${Number(n.kept)}</b> of ${total[i]}`);
+      parts.push(h`</div>`);
     }
     // Output channels: the groups its result carries. Input side: the groups it is a member of otherwise (a
     // conv's input columns, with the role), then those its inputs carry (what an op without a rule froze).
     const out = carries[i], inputs = new Map();
     for (const m of memberOf[i]) if (!out.includes(m.g) && !inputs.has(m.g)) inputs.set(m.g, m.role + " " + m.slices);
     for (const p of preds[i]) for (const g of carries[p]) if (!out.includes(g) && !inputs.has(g)) inputs.set(g, "");
-    h += `<h3>Output channels</h3>`;
-    h += out.length ? out.map((g) => groupCard(g, "")).join("") : `<div class="empty">none that belong to a group</div>`;
-    if (inputs.size) h += `<h3>Input channels</h3>` + [...inputs].map(([g, role]) => groupCard(g, role)).join("");
-    $("panel").innerHTML = h;
+    parts.push(h`<h3>Output channels</h3>`);
+    parts.push(out.length ? out.map((g) => groupCard(g, "")) : h`<div class="empty">none that belong to a group</div>`);
+    if (inputs.size) parts.push(h`<h3>Input channels</h3>${[...inputs].map(([g, role]) => groupCard(g, role))}`);
+    setHtml($("panel"), cat(...parts));
     const first = gid !== undefined && gid !== null ? gid : out.length ? out[0] : inputs.size ? inputs.keys().next().value : null;
     highlight(first);
     if (recenter) centerOn(i);
@@ -275,28 +302,29 @@
 
   // ---- overview panel (nothing selected): the groups, or the plan's decisions in a report
   function overview() {
-    let h = `<h2>${esc(G.model)}</h2><div class="empty">Click a node to see its groups. Drag or scroll to pan, Ctrl + wheel (or the buttons) to zoom.</div>`;
-    if (G.plan) h += `<div class="kv plan-summary">${esc(G.plan.summary)}</div>`;
+    const parts = [h`<h2>${G.model}</h2><div class="empty">Click a node to see its groups. Drag or scroll to pan, Ctrl + wheel (or the buttons) to zoom.</div>`];
+    if (G.plan) parts.push(h`<div class="kv plan-summary">${G.plan.summary}</div>`);
     const leaves = Object.entries(G.auto_leaves), unknown = Object.entries(G.unknown_ops);
-    if (leaves.length) h += `<h3>Traced as leaves</h3>` + leaves.map(([m, r]) => `<div class="reason"><span class="mono">${esc(m)}</span>: ${esc(r)}</div>`).join("");
-    if (unknown.length) h += `<h3>Ops without a rule</h3>` + unknown.map(([m, r]) => `<div class="reason"><span class="mono">${esc(m)}</span>: ${esc(r)}</div>`).join("");
+    if (leaves.length) parts.push(h`<h3>Traced as leaves</h3>${leaves.map(([m, r]) => h`<div class="reason"><span class="mono">${m}</span>: ${r}</div>`)}`);
+    if (unknown.length) parts.push(h`<h3>Ops without a rule</h3>${unknown.map(([m, r]) => h`<div class="reason"><span class="mono">${m}</span>: ${r}</div>`)}`);
     const cols = REPORT ? [28, 150, 98, 0] : [28, 0, 44, 110];  // px; 0: the rest
-    h += `<h3>${REPORT ? "Plan: per-group decisions" : "Groups"}</h3><table class="list"><colgroup>` +
-      cols.map((w) => w ? `<col style="width:${w}px">` : "<col>").join("") + `</colgroup><tr><th>id</th><th>group</th>`;
-    h += REPORT ? `<th>kept</th><th>why</th></tr>` : `<th>ch</th><th>state</th></tr>`;
+    parts.push(h`<h3>${REPORT ? "Plan: per-group decisions" : "Groups"}</h3><table class="list"><colgroup>`,
+      cols.map((w) => w ? h`<col data-w="${w}px">` : h`<col>`), h`</colgroup><tr><th>id</th><th>group</th>`,
+      REPORT ? h`<th>kept</th><th>why</th></tr>` : h`<th>ch</th><th>state</th></tr>`);
     for (const g of groups) {
-      const sw = `<i style="display:inline-block;width:9px;height:9px;background:${groupColor(g.id)};border:1px solid #777;margin-right:4px"></i>`;
-      h += `<tr class="row" data-group="${g.id}"><td class="num">${g.id}</td><td class="mono">${sw}${wrapDots(g.label)}</td>`;
+      const id = Number(g.id), channels = Number(g.channels);
+      parts.push(h`<tr class="row" data-group="${id}"><td class="num">${id}</td><td class="mono"><i class="swatch" data-bg="${groupColor(g.id)}"></i>${wrapDots(g.label)}</td>`);
       if (REPORT) {
         const p = g.plan;
-        const kept = p ? `${p.after}/${p.before} <span class="bar"><span style="width:${(100 * p.after / Math.max(1, p.before)).toFixed(0)}%"></span></span>` : `${g.channels}/${g.channels}`;
+        const kept = p ? h`${Number(p.after)}/${Number(p.before)} <span class="bar"><span data-w="${(100 * p.after / Math.max(1, p.before)).toFixed(0)}%"></span></span>` : h`${channels}/${channels}`;
         const why = p ? p.why : g.skipped ? "left alone: " + g.skipped : g.prunable ? "" : "frozen: " + (g.reasons[0] || "");
-        h += `<td class="num">${kept}</td><td>${esc(why)}</td></tr>`;
+        parts.push(h`<td class="num">${kept}</td><td>${why}</td></tr>`);
       } else {
-        h += `<td class="num">${g.channels}</td><td>${g.prunable ? "prunable" : "<b>frozen</b>: " + esc(reasonsOf(g.id)[0] || "")}</td></tr>`;
+        parts.push(h`<td class="num">${channels}</td><td>${g.prunable ? "prunable" : h`<b>frozen</b>: ${reasonsOf(g.id)[0] || ""}`}</td></tr>`);
       }
     }
-    $("panel").innerHTML = h + `</table>`;
+    parts.push(h`</table>`);
+    setHtml($("panel"), cat(...parts));
   }
 
   // ---- search
@@ -315,20 +343,20 @@
       }
       hits = exact.concat(prefix, sub).slice(0, 30);
     }
-    $("results").innerHTML = hits.map((i, j) => `<li data-i="${i}" class="${j === 0 ? "active" : ""}">${esc(nodes[i].target)}<small>${esc(nodes[i].type)}</small></li>`).join("");
+    setHtml($("results"), h`${hits.map((i, j) => h`<li data-i="${i}" class="${j === 0 ? "active" : ""}">${nodes[i].target}<small>${nodes[i].type}</small></li>`)}`);
   }
   $("search").addEventListener("input", search);
   $("search").addEventListener("keydown", (ev) => {
-    if (ev.key === "Enter" && hits.length) { select(hits[0], undefined, true); $("results").innerHTML = ""; }
-    if (ev.key === "Escape") { $("search").value = ""; $("results").innerHTML = ""; }
+    if (ev.key === "Enter" && hits.length) { select(hits[0], undefined, true); $("results").replaceChildren(); }
+    if (ev.key === "Escape") { $("search").value = ""; $("results").replaceChildren(); }
   });
-  document.addEventListener("click", (ev) => { if (!ev.target.closest(".searchbox")) $("results").innerHTML = ""; });
+  document.addEventListener("click", (ev) => { if (!ev.target.closest(".searchbox")) $("results").replaceChildren(); });
   document.addEventListener("keydown", (ev) => {
     if (ev.key === "Escape" && ev.target === document.body) clearSelection();
   });
   $("results").addEventListener("click", (ev) => {
     const li = ev.target.closest("li");
-    if (li) { select(+li.dataset.i, undefined, true); $("results").innerHTML = ""; }
+    if (li) { select(+li.dataset.i, undefined, true); $("results").replaceChildren(); }
   });
 
   // ---- filter
@@ -337,7 +365,7 @@
     for (const r of Object.keys(G.summary.frozen_reasons)) opts.push(["reason:" + r, "frozen: " + r]);
     if (leafSet.size) opts.push(["leaves", "auto-leaves"]);
     if (unknownSet.size) opts.push(["unknown", "ops without a rule"]);
-    $("filter").innerHTML = opts.map(([v, t]) => `<option value="${esc(v)}">${esc(t)}</option>`).join("");
+    setHtml($("filter"), h`${opts.map(([v, t]) => h`<option value="${v}">${t}</option>`)}`);
     $("filter").addEventListener("change", applyFilter);
   }
   function matches(i, f) {
@@ -364,11 +392,11 @@
   renderSummary();
   buildFilter();
   if (REPORT) {
-    const groupsLegend = $("legend").innerHTML;
+    const groupsLegend = [...$("legend").childNodes];  // the template's own legend, put back as it was
     $("colour").addEventListener("change", () => {
       colourMode = $("colour").value;
-      $("legend").innerHTML = colourMode === "kept" ? [0, 0.5, 1].map((f) =>
-        `<span><i style="background:${keptColor(f)}"></i>${f * 100}% kept</span>`).join("") : groupsLegend;
+      if (colourMode === "kept") setHtml($("legend"), h`${[0, 0.5, 1].map((f) => h`<span><i data-bg="${keptColor(f)}"></i>${f * 100}% kept</span>`)}`);
+      else $("legend").replaceChildren(...groupsLegend);
       redrawNodes();
     });
   }

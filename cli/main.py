@@ -8,6 +8,7 @@ import typer
 from rich.text import Text
 from typer.core import TyperCommand
 
+from prunefx._io import storage_error
 from prunefx.cli._console import new_console
 from prunefx.errors import PrunefxError, TrustWarning
 from prunefx.integrations.ultralytics.env import setup_offline
@@ -41,8 +42,10 @@ class _Command(TyperCommand):
             console = new_console(stderr=True)
             if ctx.params.get("verbose"):
                 console.out("".join(traceback.format_exception(exc)), highlight=False, end="")
+            # A full, read-only or forbidden disk: the path and the fix, not a bare "[Errno 28] ...".
+            message = str(storage_error(exc) or exc)
             # soft_wrap: one line however narrow the terminal, so the error stays grep-able.
-            console.print(Text(f"error: {_one_line(str(exc))}", style="bold red"), soft_wrap=True)
+            console.print(Text(f"error: {_one_line(message)}", style="bold red"), soft_wrap=True)
             raise typer.Exit(2) from exc
 
 

@@ -124,8 +124,10 @@ def is_config_argument(arg: str) -> bool:
     if path.is_file():
         import yaml
 
+        from prunefx._config import load_yaml
+
         try:
-            data = yaml.safe_load(path.read_text())
+            data = load_yaml(path.read_text(), arg)
         except UnicodeDecodeError as exc:  # the config loader reads text and would not say this
             raise PrunefxError(f"config {arg} is not a text (UTF-8 YAML) file: {exc}; give a YAML config such as "
                                "configs/yolo.yaml") from exc

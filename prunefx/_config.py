@@ -31,6 +31,42 @@ class ConfigError(PrunefxError):
     """A config is invalid; the message names the key and the fix."""
 
 
+def load_yaml(text: str, source: str) -> Any:
+    """Parse YAML ``text`` (named ``source`` in errors) as plain data; an alias is a :class:`ConfigError`."""
+    # Nested aliases expand exponentially once anything walks the data (a "billion laughs" file of ten lines is
+    # billions of values), so the first alias (also a `<<: *name` merge) is refused before any value is built.
+    # Syntax errors stay yaml.YAMLError for the caller to phrase.
+    loader = _no_alias_loader()(text)
+    loader.prunefx_source = source
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+@functools.cache
+def _no_alias_loader() -> type:
+    import yaml  # on first use: `import prunefx` stays free of yaml
+
+    class NoAliasLoader(yaml.SafeLoader):
+        """SafeLoader whose composer refuses an alias event instead of resolving it to the anchored node."""
+
+        prunefx_source = "the YAML document"
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                event = self.peek_event()
+                mark = event.start_mark
+                raise ConfigError(
+                    f"{self.prunefx_source} uses the YAML alias *{event.anchor} (line {mark.line + 1}); prunefx "
+                    "configs take no anchors or aliases (nested aliases expand to billions of values): write the "
+                    "values out in full"
+                )
+            return super().compose_node(parent, index)
+
+    return NoAliasLoader
+
+
 def check_keys(given: Iterable[Any], known: Iterable[str], where: str, *, what: str = "key") -> None:
     """Raise :class:`ConfigError` naming every unknown key in ``given`` with the closest known spelling."""
     known = sorted(known)
@@ -197,4 +233,5 @@ def to_dict(obj: Any) -> Any:
     return obj
 
 
-__all__ = ["ConfigError", "check_fields", "check_keys", "convert", "describe", "field_names", "from_dict", "to_dict"]
+__all__ = ["ConfigError", "check_fields", "check_keys", "convert", "describe", "field_names", "from_dict", "load_yaml",
+           "to_dict"]

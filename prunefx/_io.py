@@ -3,34 +3,99 @@ version) and weights-only unpickling of files users hand us (full unpickling run
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import io
 import os
 import pickle
 import re
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from prunefx.errors import TrustWarning, UntrustedFileError
+from prunefx.errors import StorageError, TrustWarning, UntrustedFileError
+
+_ELSEWHERE = "give project= (pipeline config) or --out (CLI) a directory"
+# errno -> what it means and how to fix it; other OSErrors (a missing file, a name too long) keep their own text
+_STORAGE = {
+    errno.ENOSPC: ("no space left on the device", f"free space there, or {_ELSEWHERE} on a disk with room"),
+    errno.EDQUOT: ("the disk quota is exceeded", f"free space there, or {_ELSEWHERE} on a disk with room"),
+    errno.EROFS: ("the file system is read-only", f"{_ELSEWHERE} on a writable disk"),
+    errno.EACCES: ("permission denied", f"fix its permissions, or {_ELSEWHERE} you can write"),
+    errno.EPERM: ("operation not permitted", f"fix its permissions, or {_ELSEWHERE} you can write"),
+}
+
+
+def storage_error(exc: BaseException, path: str | os.PathLike[str] | None = None, *,
+                  writing: bool = False) -> StorageError | None:
+    """The one-line error, naming ``path`` (else the file ``exc`` names) and the fix, for a full, read-only or
+    forbidden disk; None for any other error. ``writing``: it was a write (a denied permission may be a read)."""
+    if isinstance(exc, StorageError):
+        return exc
+    if not isinstance(exc, OSError) or exc.errno not in _STORAGE:
+        return None
+    where = path if path is not None else exc.filename
+    what, fix = _STORAGE[exc.errno]
+    verb = "write" if writing or exc.errno not in (errno.EACCES, errno.EPERM) else "access"
+    target = f" {where}" if where is not None else ""
+    return StorageError(f"cannot {verb}{target}: {what}; {fix}", exc.errno, None if where is None else str(where))
 
 
 def atomic_write(path: str | os.PathLike[str], data: bytes) -> Path:
     """Write ``data`` via a temp file in the same directory, then ``os.replace`` it onto ``path``."""
+    # A failed write() or fsync() names no file: the StorageError names path.
     path = Path(path)
+    try:
+        return _atomic_write(path, data)
+    except OSError as exc:
+        error = storage_error(exc, path, writing=True)
+        if error is None:
+            raise
+        raise error from exc
+
+
+def _atomic_write(path: Path, data: bytes) -> Path:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file the usual permissions
+        _usual_mode(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def _usual_mode(path: str | os.PathLike[str]) -> None:
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)  # mkstemp creates 0600; give the file the usual permissions
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """A temp path beside ``path`` for a writer that takes a path, moved onto ``path`` when the block finishes."""
+    path = Path(path)
+    tmp: Path | None = None
+    try:
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.close(fd)
+        tmp = Path(name)
+        yield tmp
+        _usual_mode(tmp)
+        os.replace(tmp, path)
+    except OSError as exc:
+        error = storage_error(exc, path, writing=True)
+        if error is None:
+            raise
+        raise error from exc
+    finally:
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)  # gone after os.replace; left by a failed write
 
 
 def atomic_torch_save(obj: Any, path: str | os.PathLike[str]) -> Path:

@@ -25,5 +25,25 @@ class UntrustedFileError(PrunefxError):
     """A file would run code to load (full unpickling) or to build (an evaluated model yaml), and is not trusted."""
 
 
-class TrustWarning(UserWarning):
+class StorageError(PrunefxError, OSError):
+    """A file or directory could not be written: the disk is full or read-only, or permission is denied."""
+
+    # An OSError too (errno and filename kept): code that handles OSError still handles it.
+    def __init__(self, message: str, errno: int | None = None, filename: str | None = None) -> None:
+        super().__init__(message)
+        self.errno, self.filename = errno, filename
+
+    def __str__(self) -> str:
+        return str(self.args[0])  # OSError's own str would be "[Errno N] ..." from errno and filename
+
+
+class PrunefxWarning(UserWarning):
+    """Base class of prunefx's warnings: a result to doubt, with what to do about it."""
+
+
+class TrustWarning(PrunefxWarning):
     """A file is loaded with full unpickling because the caller said it trusts it."""
+
+
+class TiedScoresWarning(PrunefxWarning):
+    """The plan cut among channels whose scores are (near-)tied, so by their position, not their importance."""

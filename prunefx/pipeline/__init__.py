@@ -23,9 +23,11 @@ def is_config(path: str | os.PathLike[str]) -> bool:
         return False
     import yaml
 
+    from prunefx._config import load_yaml
+
     try:
-        d = yaml.safe_load(p.read_text())
-    except yaml.YAMLError:
+        d = load_yaml(p.read_text(), str(p))
+    except (yaml.YAMLError, ConfigError):  # not a config this loader reads: load_config says why
         return False
     return isinstance(d, dict) and ("model" in d or "prune" in d)
 

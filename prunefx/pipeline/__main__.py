@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 
+from prunefx._io import storage_error
 from prunefx.errors import PrunefxError
 from prunefx.pipeline import run_config
 from prunefx.train.distributed import shutdown
@@ -21,8 +22,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv else 2
     try:
         run_config(argv[0], argv[1:])
-    except PrunefxError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except (PrunefxError, OSError) as exc:
+        error = storage_error(exc)  # a full or read-only disk: one line naming the path and the fix
+        if error is None and not isinstance(exc, PrunefxError):
+            raise  # another OSError is not the user's to fix here: keep its traceback
+        print(f"error: {error or exc}", file=sys.stderr)
         return 2
     finally:
         shutdown()

@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 import yaml
 
-from prunefx._config import ConfigError, check_fields, check_keys, field_names, from_dict, to_dict
+from prunefx._config import ConfigError, check_fields, check_keys, field_names, from_dict, load_yaml, to_dict
 from prunefx.importance import CRITERIA
 from prunefx.plan import PlanConfig
 from prunefx.plan.config import TARGETS  # PlanConfig's alternative targets, written `target: {flops: 0.5}`
@@ -47,7 +47,7 @@ def load_config(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> 
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist; give the path of a YAML config, e.g. configs/yolo.yaml")
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = load_yaml(path.read_text(), str(path))
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
     if not isinstance(raw, dict):
@@ -63,7 +63,7 @@ def apply_overrides(config: Mapping[str, Any], overrides: Sequence[str]) -> dict
         if not sep or not key or any(not part for part in key.split(".")):
             raise ConfigError(f"override {item!r} is not key=value; write e.g. epochs=3 or prune.target.flops=0.5")
         try:
-            value = yaml.safe_load(text) if text else None
+            value = load_yaml(text, f"override {item!r}") if text else None
         except yaml.YAMLError as exc:
             raise ConfigError(f"override {item!r}: the value is not valid YAML ({exc})") from exc
         *parents, leaf = key.split(".")
@@ -84,8 +84,15 @@ def apply_overrides(config: Mapping[str, Any], overrides: Sequence[str]) -> dict
 
 
 def dump_config(config: Mapping[str, Any]) -> str:
-    """The resolved config as YAML, keys in the order given."""
-    return yaml.safe_dump(dict(config), sort_keys=False)
+    """The resolved config as YAML, keys in the order given, every value written out (no anchors or aliases)."""
+    return yaml.dump(dict(config), Dumper=_NoAliasDumper, sort_keys=False)
+
+
+class _NoAliasDumper(yaml.SafeDumper):
+    """SafeDumper that writes a value shared by two keys twice: load_yaml refuses aliases (resume reads this)."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
 
 
 @dataclass(frozen=True)

@@ -10,12 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
-
+from prunefx.importance import ties_at_cut
 from prunefx.train.sparsity import SparsityConfig
 
-NEAR = 0.01  # a score within 1% of the cut boundary cannot be told from it
-TIED = 0.10  # warn when this fraction of the ranked channels sits that close to the boundary
 SEPARATED = 0.01  # below this fraction of gammas under the threshold, sparsity separated nothing
 
 _SPARSITY_FIX = ("train the sparse model from the baseline's initialisation with an adapted strength "
@@ -25,29 +22,14 @@ _SPARSITY_FIX = ("train the sparse model from the baseline's initialisation with
 def score_warnings(result: Any, criterion: str, gammas: Mapping[str, float] | None) -> list[str]:
     """Warn when many channels score the same as the cut boundary: which of them go is an accident of order.
 
-    The boundary of a group is the highest score it cut (one global threshold for ``scope: global``); a channel
-    within 1% of it is tied with it. Boundaries at ~0 (dead channels cut among dead channels) do not count.
+    The library's own test (:func:`prunefx.importance.ties_at_cut`, which ``prunefx.prune`` warns with), phrased
+    with the run's fix: the sparsity settings that separate the gammas.
     """
-    near = total = 0
-    boundaries = []
-    for g in result.plan.groups:
-        values = np.asarray(result.scores.values[g.group], dtype=np.float64)
-        cut = np.ones(len(values), dtype=bool)
-        cut[list(g.keep)] = False
-        total += len(values)
-        if not cut.any():
-            continue
-        boundary = values[cut].max()
-        if abs(boundary) <= 1e-3 * np.abs(values).max():
-            continue
-        near += int((np.abs(values - boundary) <= NEAR * abs(boundary)).sum())
-        boundaries.append(boundary)
-    if not total or near < TIED * total:
+    ties = ties_at_cut(result.scores, {g.group: g.keep for g in result.plan.groups}, criterion)
+    if ties is None:
         return []
     fix = _SPARSITY_FIX if gammas else "train with sparsity first (prune.sparsity.epochs > 0, schedule=target)"
-    return [f"the channel scores ({criterion}) are (near-)tied at the cut: {near} of {total} channels score within "
-            f"{NEAR:.0%} of it ({float(np.median(boundaries)):.4g}), so the plan cuts among them by position, not "
-            f"importance, and the cut may cost most of the accuracy; {fix}, or use another criterion (l1, l2, taylor)"]
+    return [ties.message(f"{fix}, or use another criterion (l1, l2, taylor)")]
 
 
 def sparsity_warnings(gammas: Mapping[str, float], config: SparsityConfig) -> list[str]:

@@ -31,7 +31,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from prunefx._io import atomic_write
+from prunefx._config import load_yaml
+from prunefx._io import atomic_write, storage_error
 from prunefx.pipeline.config import RUN_KEYS, ConfigError, dump_config
 
 STATE = "state.json"
@@ -87,11 +88,11 @@ class RunDir:
         import yaml
 
         try:
-            saved = yaml.safe_load((root / CONFIG).read_text())
+            saved = load_yaml((root / CONFIG).read_text(), str(root / CONFIG))
         except FileNotFoundError:
             raise RunError(f"cannot resume {root}: its {CONFIG} is missing, so the run's settings are unknown; "
                            "start a new run (drop resume=true)") from None
-        except yaml.YAMLError as exc:
+        except (yaml.YAMLError, ConfigError) as exc:  # prunefx writes it without aliases: an alias is damage
             raise RunError(f"cannot resume {root}: its {CONFIG} is corrupt ({_first_line(exc)}); "
                            "start a new run (drop resume=true)") from exc
         if not isinstance(saved, dict):
@@ -107,6 +108,7 @@ class RunDir:
             raise RunError(
                 f"{root} is already complete; nothing to resume (start a new run, or exist_ok=true to redo it)"
             )
+        check_confined(root)
         state["status"] = "running"
         state["error"] = None
         run = cls(root, state)
@@ -120,20 +122,22 @@ class RunDir:
     @contextlib.contextmanager
     def stage(self, name: str) -> Iterator[dict[str, Any]]:
         """Run one stage: yields a dict to fill with results; saved as done only if the block finishes."""
+        # One try around all of it: Ctrl-C while the stage's start or end is saved is recorded too.
         info: dict[str, Any] = {}
         start = time.perf_counter()
-        self.state["current"] = name
-        self._save()
         try:
+            check_confined(self.root)  # before the stage writes: a link planted since the last check is refused
+            self.state["current"] = name
+            self._save()
             yield info
+            info["seconds"] = round(time.perf_counter() - start, 2)
+            info["finished"] = _now()
+            self.state["stages"][name] = info
+            self.state.pop("current", None)
+            self._save()
         except BaseException as exc:
             self.fail(exc, stage=name)
             raise
-        info["seconds"] = round(time.perf_counter() - start, 2)
-        info["finished"] = _now()
-        self.state["stages"][name] = info
-        self.state.pop("current", None)
-        self._save()
 
     @classmethod
     def reload(cls, root: Path) -> RunDir:
@@ -144,7 +148,17 @@ class RunDir:
         """Record that the run stopped with ``exc`` in ``stage`` (e.g. a failed worker, seen by the parent)."""
         self.state["status"] = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
         self.state["error"] = {"stage": stage, "type": type(exc).__name__, "message": str(exc)[:2000]}
+        self.state.pop("finished", None)  # set by a complete() whose save did not land
         self._save()
+
+    def stopped(self, exc: BaseException, *, stage: str | None) -> None:
+        """:meth:`fail`, unless state.json already records how the run ended (a stage recorded its own error)."""
+        try:
+            on_disk = read_state(self.root).get("status")
+        except RunError:
+            on_disk = None
+        if on_disk in ("running", None):
+            self.fail(exc, stage=stage)
 
     def complete(self) -> None:
         self.state["status"] = "complete"
@@ -207,6 +221,28 @@ def check_replaceable(path: str | os.PathLike[str]) -> None:
             f"{path} is not a prunefx run (it has no {STATE} with schema {SCHEMA}), so exist_ok will not delete "
             "it; pick another name=/--out, or remove the directory yourself"
         )
+
+
+def check_confined(root: str | os.PathLike[str]) -> None:
+    """Raise :class:`RunError` if a symbolic link inside run directory ``root`` leads outside it."""
+    # A run writes weights, plots and state through paths under root: through `weights -> /home/me/models` those
+    # writes would land outside the run, over the user's files.
+    root = Path(root)
+    inside = root.resolve()
+    for top, dirs, files in os.walk(root):  # os.walk does not descend into linked directories
+        for entry in (*dirs, *files):
+            path = Path(top) / entry
+            if not path.is_symlink():
+                continue
+            try:
+                target = path.resolve()
+            except (OSError, RuntimeError):  # a loop of links: it leads nowhere inside either
+                target = Path(os.readlink(path))
+            if target != inside and inside not in target.parents:
+                raise RunError(
+                    f"{path} is a symbolic link to {target}, outside the run directory {root}; prunefx writes "
+                    "only inside its run: remove the link (or start a new run)"
+                )
 
 
 def read_state(root: str | os.PathLike[str]) -> dict[str, Any]:
@@ -281,6 +317,11 @@ def _claim(root: Path, *, reuse_empty: bool) -> Path:
         except FileExistsError:
             if reuse_empty and candidate == root and candidate.is_dir() and not _entries(candidate):
                 return candidate
+        except OSError as exc:  # a read-only or full project directory: say so, naming it
+            error = storage_error(exc, candidate, writing=True)
+            if error is None:
+                raise
+            raise error from exc
         i += 1
         candidate = root.with_name(f"{root.name}{i}")
 

@@ -16,6 +16,7 @@ and the report in rank 0 while the others wait; only rank 0 writes files.
 
 from __future__ import annotations
 
+import warnings
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -29,7 +30,7 @@ from torch import nn
 from prunefx._config import ConfigError
 from prunefx._io import atomic_write
 from prunefx.analysis import DependencyGraph
-from prunefx.errors import PrunefxError
+from prunefx.errors import PrunefxError, TiedScoresWarning
 from prunefx.metrics import Deployment
 from prunefx.pipeline.config import PruneSpec, RunOptions, StageSpec
 from prunefx.pipeline.diagnose import score_warnings, sparsity_warnings
@@ -200,26 +201,30 @@ def execute(job: Job, backend: Backend, run: RunDir | None, *, log: Callable[[st
     stages = {"baseline": _baseline, "sparsity": _sparsity, "prune": _prune, "finetune": _finetune,
               "controls": _controls, "report": _report}
     n = len(job.stages)
-    for i, name in enumerate(job.stages, 1):
-        if name in done:
-            log(f"[{i}/{n}] {name}: done earlier, skipped")
-            continue
-        log(f"[{i}/{n}] {name}")
-        if dist.is_main:
-            try:
+    name: str | None = None
+    try:
+        for i, name in enumerate(job.stages, 1):
+            if name in done:
+                log(f"[{i}/{n}] {name}: done earlier, skipped")
+                continue
+            log(f"[{i}/{n}] {name}")
+            if dist.is_main:
                 with run.stage(name) as info:
                     stages[name](ctx, info)
-            except BaseException:
-                log(f"stopped in stage {name!r}; {resume_hint(root)}")
-                raise
-            for warning in info.get("warnings", ()):
-                log(f"  warning: {warning}")
-            log(f"[{i}/{n}] {name} finished in {info['seconds']:.0f} s")
-        elif name in _EVERY_RANK:
-            stages[name](ctx, {})
-        dist.barrier()  # rank 0's files of this stage exist before any rank starts the next
-    if dist.is_main:
-        run.complete()
+                for warning in info.get("warnings", ()):
+                    log(f"  warning: {warning}")
+                log(f"[{i}/{n}] {name} finished in {info['seconds']:.0f} s")
+            elif name in _EVERY_RANK:
+                stages[name](ctx, {})
+            dist.barrier()  # rank 0's files of this stage exist before any rank starts the next
+        if dist.is_main:
+            run.complete()
+    except BaseException as exc:
+        # Also between stages (a log line, the barrier, the final save): Ctrl-C there must not leave "running".
+        if dist.is_main:
+            run.stopped(exc, stage=name)
+            log(f"stopped in stage {name!r}; {resume_hint(root)}")
+        raise
     return run
 
 
@@ -285,9 +290,11 @@ def _prune(ctx: _Ctx, info: dict[str, Any]) -> None:
     spec, b = ctx.job.prune, ctx.backend
     source: Role = "sparse" if ctx.ran("sparsity") else "baseline"
     model = b.load(source).eval()
-    result = prune(model, b.prune_inputs(), spec.plan, criterion=spec.criterion, check=spec.verify,
-                   bias_compensation=spec.bias_compensation, deployment=b.deployment(),
-                   **b.score_kwargs(spec.criterion))
+    with warnings.catch_warnings():  # score_warnings below logs tied scores with the run's own fix, once
+        warnings.simplefilter("ignore", TiedScoresWarning)
+        result = prune(model, b.prune_inputs(), spec.plan, criterion=spec.criterion, check=spec.verify,
+                       bias_compensation=spec.bias_compensation, deployment=b.deployment(),
+                       **b.score_kwargs(spec.criterion))
     reason = nothing_to_prune(result.graph, result.plan, b.name)
     if reason:
         raise ConfigError(reason)

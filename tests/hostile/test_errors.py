@@ -32,6 +32,59 @@ def test_config_errors_are_the_config_loaders(sandbox: Sandbox, case: str) -> No
     assert not sandbox.project.exists()
 
 
+# Nine levels of nine aliases each: 9**10 (3.5e9) strings once anything walks `epochs`, from 11 lines.
+BILLION_LAUGHS = "model: prunefx.zoo:bn_cnn\nepochs:\n  - &a0 [" + ", ".join(["lol"] * 9) + "]\n" + "".join(
+    f"  - &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]\n" for i in range(1, 10)
+)
+
+
+@pytest.fixture
+def resolved_aliases(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every YAML alias a loader resolves, recorded; the first one fails the test (it would be expanded next)."""
+    import yaml
+
+    resolved: list[str] = []
+    compose = yaml.composer.Composer.compose_node
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            resolved.append(self.peek_event().anchor)
+            raise AssertionError(f"the alias *{resolved[-1]} was resolved")
+        return compose(self, parent, index)
+
+    monkeypatch.setattr(yaml.composer.Composer, "compose_node", compose_node)
+    return resolved
+
+
+def test_a_yaml_alias_bomb_is_refused_before_it_expands(sandbox: Sandbox, resolved_aliases: list[str]) -> None:
+    (sandbox.root / "bomb.yaml").write_text(BILLION_LAUGHS)
+    before = sandbox.snapshot()
+    assert_refused(invoke("prune", "bomb.yaml", "project=runs"),
+                   r"bomb\.yaml uses the YAML alias \*a0 \(line 4\); prunefx configs take no anchors or aliases "
+                   r".*write the values out")
+    assert resolved_aliases == []  # refused at the first alias event: nothing was shared, let alone expanded
+    assert_untouched(sandbox, before)
+    assert not sandbox.project.exists()
+
+
+def test_every_yaml_a_user_hands_over_refuses_aliases(sandbox: Sandbox, resolved_aliases: list[str]) -> None:
+    from prunefx.pipeline import ConfigError, apply_overrides, is_config, load_config
+    from prunefx.pipeline.backends.yolo import _check_data_yaml
+
+    bomb = sandbox.root / "bomb.yaml"
+    bomb.write_text(BILLION_LAUGHS)
+    with pytest.raises(ConfigError, match=r"bomb\.yaml uses the YAML alias \*a0"):
+        load_config(bomb)
+    assert not is_config(bomb)
+    data = sandbox.root / "data.yaml"
+    data.write_text("path: &p .\ntrain: *p\nval: images/val\nnames: {0: a}\n")
+    with pytest.raises(ConfigError, match=r"data yaml .*data\.yaml uses the YAML alias \*p \(line 2\)"):
+        _check_data_yaml(data)
+    with pytest.raises(ConfigError, match=r"override 'epochs=\*a' uses the YAML alias \*a"):
+        apply_overrides({}, ["epochs=*a"])
+    assert resolved_aliases == []
+
+
 def test_a_model_yaml_is_not_a_config(sandbox: Sandbox) -> None:
     (sandbox.root / "net.yaml").write_text("nc: 2\nbackbone: [[-1, 1, Conv, [16, 3, 2]]]\n"
                                            "head: [[-1, 1, Classify, [2]]]\n")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from _hostile import Sandbox, assert_refused, assert_untouched, invoke
 
-from prunefx.pipeline.rundir import LOCK, RunDir, RunLock, is_run
+from prunefx.pipeline.rundir import LOCK, RunDir, RunError, RunLock, is_run, read_state
 
 # Validates in about a second; every case below is refused before a stage runs.
 YOLO = ["prune", "yolo.yaml", "project=runs", "imgsz=64", "prune.data.n_train=8", "prune.data.n_val=4",
@@ -166,3 +166,105 @@ def test_report_on_a_file_or_a_damaged_run(sandbox: Sandbox) -> None:
     root = _started_run(sandbox, YOLO)
     (root / "state.json").write_text("[]")
     assert_refused(invoke("report", str(root)), r"state\.json is not a prunefx run state")
+
+
+# ---- links out of a run ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("link", ["weights", "weights/baseline.pt"])
+def test_resume_refuses_a_link_that_leads_out_of_the_run(sandbox: Sandbox, link: str) -> None:
+    """``weights -> ../outside``: resuming would write baseline.pt / pruned.pt into the user's directory."""
+    root = _started_run(sandbox, DIGITS)
+    if link == "weights":
+        (root / "weights").symlink_to(sandbox.outside, target_is_directory=True)
+    else:
+        (root / "weights").mkdir()
+        (root / link).symlink_to(sandbox.outside / "keep.txt")
+    before = {p.name: p.read_bytes() for p in root.iterdir() if p.is_file() and p.name != LOCK}
+    outside = sandbox.snapshot()
+    result = invoke(*DIGITS, "name=r", "resume=true")
+    assert_refused(result, rf"runs/r/{link} is a symbolic link to .*/outside(/keep\.txt)?, outside the run "
+                           r"directory .*runs/r; .*remove the link")
+    assert_untouched(sandbox, outside)
+    assert {p.name: p.read_bytes() for p in root.iterdir() if p.is_file() and p.name != LOCK} == before
+
+
+def test_a_link_planted_during_a_run_stops_the_next_stage(tmp_path: Path) -> None:
+    (tmp_path / "outside").mkdir()
+    run = RunDir.open(tmp_path / "runs", "r", {})
+    (run.root / "inside").mkdir()
+    (run.root / "alias").symlink_to(run.root / "inside", target_is_directory=True)  # inside the run: fine
+    with run.stage("baseline"):
+        pass
+    (run.root / "weights").symlink_to(tmp_path / "outside", target_is_directory=True)
+    with pytest.raises(RunError, match=r"weights is a symbolic link to .*outside, outside the run directory"):
+        with run.stage("prune"):
+            raise AssertionError("the stage ran with a link out of the run")
+    state = read_state(run.root)
+    assert state["status"] == "failed" and state["error"]["stage"] == "prune" and list(state["stages"]) == ["baseline"]
+    assert list((tmp_path / "outside").iterdir()) == []
+    RunLock.release_root(run.root)
+
+
+# ---- Ctrl-C ------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("when", ["its log line", "its state save"])
+def test_ctrl_c_as_a_stage_starts_records_interrupted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      when: str) -> None:
+    """KeyboardInterrupt outside the stage's own body (before it starts running) still leaves ``interrupted``."""
+    from types import SimpleNamespace
+
+    from prunefx.pipeline import runner
+    from prunefx.pipeline.config import PruneSpec, RunOptions
+    from prunefx.train.distributed import LOCAL
+
+    def baseline(ctx, info):
+        info["metrics"] = {}
+
+    def prune(ctx, info):
+        raise AssertionError("the prune stage ran")
+
+    monkeypatch.setattr(runner, "_baseline", baseline)
+    monkeypatch.setattr(runner, "_prune", prune)
+    run = RunDir.open(tmp_path, "r", {})
+    log = print
+    if when == "its log line":
+        def log(message: str) -> None:
+            if message == "[2/3] prune":
+                raise KeyboardInterrupt
+    else:
+        save = RunDir._save
+
+        def interrupted_save(self: RunDir) -> None:
+            if self.state.get("current") == "prune" and self.state["status"] == "running":
+                raise KeyboardInterrupt  # once: the state records "interrupted" on the next save
+            save(self)
+
+        monkeypatch.setattr(RunDir, "_save", interrupted_save)
+    job = runner.Job(prune=PruneSpec(), run=RunOptions(name="r"), stages=runner.ONE_SHOT)
+    with pytest.raises(KeyboardInterrupt):
+        runner.execute(job, SimpleNamespace(dist=LOCAL, root=None), run, log=log)
+    state = read_state(run.root)
+    assert state["status"] == "interrupted", state
+    assert state["error"]["stage"] == "prune" and state["error"]["type"] == "KeyboardInterrupt"
+    assert list(state["stages"]) == ["baseline"]  # finished before the interrupt, kept for resume
+    RunLock.release_root(run.root)
+
+
+# ---- the config a run keeps --------------------------------------------------------------------------------------
+
+
+def test_a_runs_config_is_written_without_aliases_and_resumes(tmp_path: Path) -> None:
+    """A value shared by two keys is written out twice: config.yaml is read back by the alias-refusing loader."""
+    shared = ["model.22.*", "model.0.*"]
+    config = {"model": "m", "prune": {"ignore": shared}, "notes": {"ignore": shared}}
+    run = RunDir.open(tmp_path, "r", config)
+    text = (run.root / "config.yaml").read_text()
+    assert "&" not in text and "*id" not in text, text
+    run.state["status"] = "interrupted"
+    run._save()
+    RunLock.release_root(run.root)
+    again = RunDir.open(tmp_path, "r", config, resume=True)
+    assert again.root == run.root and again.state["status"] == "running"
+    RunLock.release_root(again.root)

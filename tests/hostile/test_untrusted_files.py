@@ -181,6 +181,43 @@ def test_data_yaml_download_script_never_runs(sandbox: Sandbox) -> None:
     assert_untouched(sandbox, before)
 
 
+# ---- Hugging Face checkpoints with their own code ----------------------------------------------------------------
+
+
+def test_a_checkpoint_with_remote_code_is_refused_without_a_prompt(sandbox: Sandbox,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """transformers asks on stdin whether to run a checkpoint's Python files; prunefx says no unless told yes."""
+    pytest.importorskip("transformers")
+    import builtins
+    import json
+
+    from prunefx.integrations import transformers as pfx_hf
+
+    ckpt = sandbox.root / "custom"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps({
+        "model_type": "evil", "architectures": ["EvilForCausalLM"],
+        "auto_map": {"AutoConfig": "configuration_evil.EvilConfig",
+                     "AutoModelForCausalLM": "modeling_evil.EvilForCausalLM"},
+    }))
+    payload = f"open({str(sandbox.marker)!r}, 'w').close()\n"
+    for name in ("configuration_evil.py", "modeling_evil.py"):
+        (ckpt / name).write_text(payload)
+    prompts: list[str] = []
+
+    def no_prompt(question: str = "") -> str:
+        prompts.append(question)
+        return "n"
+
+    monkeypatch.setattr(builtins, "input", no_prompt)
+    before = sandbox.snapshot()
+    with pytest.raises(UntrustedFileError, match=r"custom was not loaded: its config\.json names an architecture "
+                                                 r"defined by Python files in the checkpoint.*trust_remote_code=True"):
+        pfx_hf.meta_model(ckpt)
+    assert prompts == []
+    assert_untouched(sandbox, before)
+
+
 # ---- what must keep loading without trust -----------------------------------------------------------------------
 
 

@@ -202,6 +202,55 @@ def test_checkpoint_on_disk_is_pruned_shard_by_shard(tmp_path):
         pfx_hf.prune_checkpoint(src, dst, pfx_hf.meta_model(src), dg, plan)
 
 
+def _ones_plan(model):
+    """A plan for ``model`` (on the meta device) that keeps 70% of the parameters, channels ranked by position."""
+    ids = torch.zeros(1, 8, dtype=torch.long, device="meta")
+    dg = prunefx.analyze(model, (ids,))
+    values = {g.id: torch.arange(g.channels, 0, -1).double().numpy() for g in dg.groups if g.prunable}
+    config = prunefx.PlanConfig(params=0.7, uniform_layers=True, ignore=pfx_hf.stream_patterns(model))
+    return dg, prunefx.make_plan(dg, values, config, cost=prunefx.CostModel(model, dg, (ids,)),
+                                 owned_constants=prunefx.transform.owned_modules(model))
+
+
+def test_a_truncated_shard_is_named_with_the_fix(tmp_path):
+    full, _ = _build("llama")
+    src = tmp_path / "src"
+    full.save_pretrained(src, max_shard_size="200KB")
+    shard = sorted(src.glob("*.safetensors"))[1]
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])  # a copy that stopped halfway
+    damaged = rf"{shard.name} is not a readable safetensors file \(Error while deserializing header: .*\); it is " \
+              r"truncated or damaged: copy or download the checkpoint again"
+    with pytest.raises(prunefx.PrunefxError, match=damaged):
+        pfx_hf.CheckpointTensors(src, pfx_hf.meta_model(src))  # reads every shard's header
+    index = json.loads((src / "model.safetensors.index.json").read_text())["weight_map"]
+    name = next(k for k, v in index.items() if v == shard.name)
+    with pytest.raises(prunefx.PrunefxError, match=damaged):
+        pfx_hf.CheckpointTensors(src)[name]
+    single = tmp_path / "single"
+    full.save_pretrained(single)
+    (single / "model.safetensors").write_bytes(b"")
+    with pytest.raises(prunefx.PrunefxError, match=r"model\.safetensors is not a readable safetensors file"):
+        pfx_hf.CheckpointTensors(single)
+
+
+def test_a_checkpoint_whose_config_disagrees_names_the_tensor(tmp_path):
+    """config.json edited after saving: the error names the tensor and both shapes, not what the config can express."""
+    full, _ = _build("llama")
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    full.save_pretrained(src)
+    cfg = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**cfg, "hidden_size": 64}))
+    model = pfx_hf.meta_model(src)
+    mismatch = (r"src: tensor 'lm_head\.weight' is \(128, 96\) in model\.safetensors but \(128, 64\) in the "
+                r"LlamaForCausalLM its config\.json describes; the checkpoint and its config\.json disagree")
+    with pytest.raises(prunefx.PrunefxError, match=mismatch):
+        pfx_hf.CheckpointTensors(src, model)  # scores of these weights would rank the wrong channels
+    dg, plan = _ones_plan(model)
+    with pytest.raises(prunefx.PrunefxError, match=mismatch):
+        pfx_hf.prune_checkpoint(src, dst, model, dg, plan)
+    assert not dst.exists()
+
+
 def test_activation_criterion_ranks_a_silent_mlp_unit_last():
     """Unit 5 of layer 0's MLP has the largest weights but its gate is zero, so it never carries a signal: weight
     norms keep it, activations drop it first."""

@@ -11,20 +11,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from prunefx._io import atomic_path, atomic_write
 from prunefx.analysis.graph import DependencyGraph
 from prunefx.analysis.roles import Kind
-from prunefx.errors import PrunefxError
-from prunefx.integrations.transformers.config import check_config, derived_config
+from prunefx.errors import PrunefxError, UntrustedFileError
+from prunefx.integrations.transformers.config import check_config, check_destination, derived_config
 from prunefx.plan import PruningPlan
 from prunefx.transform import apply_plan
 from prunefx.transform.keep import keep_by_root, kept_positions
@@ -33,16 +36,57 @@ _COPIED = ("generation_config.json", "tokenizer.json", "tokenizer_config.json", 
            "tokenizer.model", "vocab.json", "merges.txt")  # fmt: skip
 
 
+@contextlib.contextmanager
+def open_shard(path: Path) -> Iterator[Any]:
+    """``safe_open(path)``; a missing, truncated or damaged file is a :class:`PrunefxError` naming it."""
+    if not path.is_file():
+        raise PrunefxError(f"{path} is missing: the checkpoint's index names it; copy the checkpoint again in full")
+    try:
+        with safe_open(path, "pt") as f:
+            yield f
+    except SafetensorError as exc:  # its message names no file: "Error while deserializing header: ..."
+        raise PrunefxError(
+            f"{path} is not a readable safetensors file ({str(exc).strip()}); it is truncated or damaged: copy or "
+            "download the checkpoint again, or re-save it with save_pretrained"
+        ) from exc
+
+
 def shards(path: Path) -> tuple[dict[str, str], Path | None]:
     """Tensor name -> shard file, and the index file (None for a single ``model.safetensors``)."""
     index = path / "model.safetensors.index.json"
     if index.exists():
-        return json.loads(index.read_text())["weight_map"], index
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise PrunefxError(f"{index} is not a safetensors index (a JSON object with a weight_map); it is "
+                               "truncated or damaged: copy the checkpoint again") from exc
+        if not isinstance(weight_map, dict):
+            raise PrunefxError(f"{index}: weight_map is not a mapping of tensor names to shard files; copy the "
+                               "checkpoint again")
+        return weight_map, index
     single = path / "model.safetensors"
     if not single.exists():
         raise PrunefxError(f"no safetensors checkpoint in {path} (expected model.safetensors or its index)")
-    with safe_open(single, "pt") as f:
+    with open_shard(single) as f:
         return dict.fromkeys(f.keys(), single.name), None
+
+
+def check_shapes(path: Path, where: Mapping[str, str], model: nn.Module) -> None:
+    """Raise :class:`PrunefxError` naming the first tensor whose shape in the checkpoint differs from ``model``'s."""
+    # model is built from config.json; reading shapes from the shards' headers loads no tensor.
+    want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    for shard in sorted(set(where.values())):
+        with open_shard(path / shard) as f:
+            for key in sorted(f.keys()):  # sorted: the same tensor is named first every time
+                if key not in want:
+                    continue  # a buffer the model does not keep, or a tensor of another head: not ours to check
+                got = tuple(f.get_slice(key).get_shape())
+                if got != want[key]:
+                    raise PrunefxError(
+                        f"{path}: tensor {key!r} is {got} in {shard} but {want[key]} in the {type(model).__name__} "
+                        f"its config.json describes; the checkpoint and its config.json disagree: fix config.json "
+                        "(or re-save the model with save_pretrained)"
+                    )
 
 
 def tied_names(model: nn.Module) -> dict[str, str]:
@@ -65,12 +109,14 @@ class CheckpointTensors(Mapping):
         self.path = Path(path)
         self.where, _ = shards(self.path)
         self.aliases = tied_names(model) if model is not None else {}
+        if model is not None:  # scores of weights the model does not describe would rank the wrong channels
+            check_shapes(self.path, self.where, model)
 
     def __getitem__(self, name: str) -> torch.Tensor:
         stored = name if name in self.where else self.aliases.get(name, name)
         if stored not in self.where:
             raise KeyError(name)
-        with safe_open(self.path / self.where[stored], "pt") as f:
+        with open_shard(self.path / self.where[stored]) as f:
             return f.get_tensor(stored)
 
     def __iter__(self) -> Iterator[str]:
@@ -80,14 +126,26 @@ class CheckpointTensors(Mapping):
         return len(self.where)
 
 
-def meta_model(path, cls=None) -> nn.Module:
+def meta_model(path, cls=None, *, trust_remote_code: bool = False) -> nn.Module:
     """The checkpoint's architecture from its ``config.json``, on the meta device (``cls``: an ``AutoModel*`` or model
-    class; default ``AutoModelForCausalLM``)."""
+    class; default ``AutoModelForCausalLM``); ``trust_remote_code``: run the modelling code the checkpoint ships."""
+    # Always an explicit True/False: with None transformers asks on stdin, and a "y" runs the checkpoint's files.
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.from_pretrained(path)
-    with torch.device("meta"):
-        return (cls or AutoModelForCausalLM).from_config(config)
+    cls = cls or AutoModelForCausalLM
+    try:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+        with torch.device("meta"):
+            if hasattr(cls, "from_config"):  # an AutoModel* class: it may resolve to the checkpoint's own code
+                return cls.from_config(config, trust_remote_code=trust_remote_code)
+            return cls(config)  # a model class: transformers' own code
+    except ValueError as exc:
+        if trust_remote_code or "trust_remote_code" not in str(exc):
+            raise
+        raise UntrustedFileError(
+            f"{path} was not loaded: its config.json names an architecture defined by Python files in the "
+            "checkpoint, which would run to build it; if you trust its source, pass trust_remote_code=True"
+        ) from exc
 
 
 def prune_checkpoint(src, dst, model: nn.Module, dg: DependencyGraph, plan: PruningPlan) -> Path:
@@ -95,8 +153,7 @@ def prune_checkpoint(src, dst, model: nn.Module, dg: DependencyGraph, plan: Prun
     records say and written before the next shard is read; then the pruned config (``model``, the meta-device model
     ``dg`` analysed, is pruned in place to derive it) and the tokenizer files. ``dst`` must not exist or be empty."""
     src, dst = Path(src), Path(dst)
-    if dst.exists() and any(dst.iterdir()):
-        raise PrunefxError(f"{dst} is not empty: write the pruned checkpoint to a new directory")
+    check_destination(dst, overwrite=False, sources=(src,), what="the pruned checkpoint")
     sorted_roots, keep = keep_by_root(dg, plan)
     slices: dict[str, list[tuple[int, torch.Tensor]]] = {}
     for (kind, name, role), roots in dg.record_roots.items():
@@ -110,6 +167,7 @@ def prune_checkpoint(src, dst, model: nn.Module, dg: DependencyGraph, plan: Prun
     missing = sorted(set(slices) - set(where))
     if missing:
         raise PrunefxError(f"{src} has no tensor {missing[0]!r}: the plan was made for another architecture")
+    check_shapes(src, where, model)  # before apply_plan narrows it: the unpruned model is what config.json says
     # The pruned architecture first (meta tensors, nothing read): a plan the config cannot express fails here.
     apply_plan(model, dg, plan)
     cfg = derived_config(model)
@@ -120,7 +178,7 @@ def prune_checkpoint(src, dst, model: nn.Module, dg: DependencyGraph, plan: Prun
     total = 0
     for shard in sorted(set(where.values())):
         out = {}
-        with safe_open(src / shard, "pt") as f:
+        with open_shard(src / shard) as f:
             metadata = f.metadata() or {"format": "pt"}
             for key in f.keys():
                 t = f.get_tensor(key)
@@ -128,12 +186,13 @@ def prune_checkpoint(src, dst, model: nn.Module, dg: DependencyGraph, plan: Prun
                     t = t.index_select(dim, idx)
                 out[key] = t.contiguous()
                 total += t.numel() * t.element_size()
-        save_file(out, dst / shard, metadata=metadata)
+        with atomic_path(dst / shard) as tmp:  # a full disk: one line naming the shard, no half-written file
+            save_file(out, tmp, metadata=metadata)
         del out
     if index is not None:
         data = json.loads(index.read_text())
         data.setdefault("metadata", {})["total_size"] = total
-        (dst / index.name).write_text(json.dumps(data, indent=2))
+        atomic_write(dst / index.name, json.dumps(data, indent=2).encode())
     cfg.save_pretrained(dst)
     for name in _COPIED:
         if (src / name).exists():

@@ -10,11 +10,15 @@ and the head count) is an error naming the tensor, never a file that loads into 
 from __future__ import annotations
 
 import copy
+import os
+from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
 
+from prunefx._io import storage_error
 from prunefx.errors import PrunefxError
 from prunefx.integrations.transformers.layouts import attention_widths, layout_of
 
@@ -117,11 +121,48 @@ def check_config(model: nn.Module, cfg) -> list[str]:
     return [f"{k}: pruned {want[k]}, config gives {got.get(k)}" for k in want if got.get(k) != want[k]]
 
 
-def save_pretrained(model: nn.Module, path, **kwargs) -> None:
+def source_paths(model: nn.Module) -> list[Path]:
+    """The local directories ``model`` was loaded from (``from_pretrained``'s ``name_or_path``), if any."""
+    names = {getattr(getattr(model, "config", None), "_name_or_path", None), getattr(model, "name_or_path", None)}
+    return [Path(n) for n in names if isinstance(n, (str, os.PathLike)) and str(n) and Path(n).is_dir()]
+
+
+def _same(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet)
+        return a.resolve() == b.resolve()
+
+
+def check_destination(path: Path, *, overwrite: bool, sources: Iterable[Path], what: str) -> None:
+    """Refuse ``path`` for ``what`` if it is a file, one of ``sources``, or (unless ``overwrite``) not empty."""
+    # transformers' save_pretrained replaces config.json and deletes the shards it finds; the checkpoint the model
+    # was loaded from is refused even with overwrite, since its weights are what is being pruned.
+    if path.exists() and not path.is_dir():
+        raise PrunefxError(f"{path} is a file, not a directory; give a directory for {what}")
+    for src in sources:
+        if _same(path, Path(src)):
+            raise PrunefxError(
+                f"{path} is the checkpoint the model was loaded from ({src}); writing {what} there would replace "
+                "its weights and config.json (also with overwrite=True): give another directory"
+            )
+    if not overwrite and path.is_dir() and any(path.iterdir()):
+        held = sorted(p.name for p in path.iterdir())
+        listed = ", ".join(held[:3]) + (", ..." if len(held) > 3 else "")
+        raise PrunefxError(
+            f"{path} is not empty (it holds {listed}); writing {what} there would replace or delete those files: "
+            "give a new or empty directory, or pass overwrite=True to replace them"
+        )
+
+
+def save_pretrained(model: nn.Module, path, *, overwrite: bool = False, **kwargs) -> None:
     """``model.save_pretrained(path)`` with ``model.config`` rewritten to the pruned widths and checked first.
 
-    ``AutoModel*.from_pretrained(path)`` then rebuilds the pruned architecture and loads its weights.
+    ``AutoModel*.from_pretrained(path)`` then rebuilds the pruned architecture and loads its weights. ``path`` must
+    be new or empty unless ``overwrite``; the checkpoint the model was loaded from is never written to.
     """
+    path = Path(path)
+    check_destination(path, overwrite=overwrite, sources=source_paths(model), what="the pruned model")
     cfg = derived_config(model)
     bad = check_config(model, cfg)
     if bad:
@@ -131,4 +172,10 @@ def save_pretrained(model: nn.Module, path, **kwargs) -> None:
             "MLP widths only, choose a head count the config accepts, or save with prunefx.save(model, plan, path)"
         )
     model.config = cfg
-    model.save_pretrained(path, **kwargs)
+    try:
+        model.save_pretrained(path, **kwargs)
+    except OSError as exc:  # a full or read-only disk: one line naming the directory and the fix
+        error = storage_error(exc, exc.filename or path, writing=True)
+        if error is None:
+            raise
+        raise error from exc

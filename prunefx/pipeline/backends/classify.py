@@ -128,6 +128,7 @@ class ClassifyJob(Job):
             train = TrainConfig.from_dict({k: v for k, v in config.items()
                                            if k in TrainConfig.keys() and v is not None})
             spec = PruneSpec.parse(config.get("prune"), train_keys=set(TrainConfig.keys()) - {"epochs"})
+            spec.finetune.distill_config.check_share("prune.finetune.distill_weight")  # a share of the loss here
             train.updated(spec.sparsity.overrides, "prune.sparsity.")  # fails now, not after the baseline
             train.updated(spec.finetune.overrides, "prune.finetune.")
         except ConfigError:

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from prunefx._io import storage_error
 from prunefx.errors import PrunefxError
 from prunefx.metrics import Deployment
 from prunefx.pipeline.config import StageSpec
@@ -105,8 +106,14 @@ def run_spec(job: Job, loaded: LoadedModel, out: Path, *, deployment: Deployment
     """Prune ``loaded`` once as ``job`` says (stages ``ONE_SHOT``) into ``out``; returns the complete run there."""
     backend = SpecBackend(loaded, deployment)
     preflight(job.prune, backend)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    except OSError as exc:  # a read-only or forbidden directory: name --out, not the temp directory's name
+        error = storage_error(exc, out, writing=True)
+        if error is None:
+            raise
+        raise error from exc
     try:
         run = RunDir.open(tmp.parent, tmp.name, job.config, exist_ok=True)  # the empty temp directory, locked
         execute(job, backend, run, log=log)

@@ -23,6 +23,7 @@ import torch
 import yaml
 from torch import nn
 
+from prunefx._config import load_yaml
 from prunefx._io import TRUST_HINT
 from prunefx.errors import PrunefxError, UntrustedFileError
 from prunefx.metrics import Deployment
@@ -200,7 +201,7 @@ def _check_data_yaml(path: Path, trust: bool = False) -> None:
             "names:), or data=null for the embedded synthetic dataset. prunefx never downloads datasets"
         )
     try:
-        d = yaml.safe_load(path.read_text())
+        d = load_yaml(path.read_text(), f"data yaml {path}")
     except yaml.YAMLError as exc:
         raise ConfigError(f"data yaml {path} is not valid YAML: {exc}") from exc
     script = d.get("download") if isinstance(d, dict) else None
@@ -414,7 +415,7 @@ def _link(src: Path, dst: Path) -> None:
 
 
 def _check_nc(model: nn.Module, data: str) -> None:
-    names = yaml.safe_load(Path(data).read_text()).get("names")
+    names = load_yaml(Path(data).read_text(), f"data yaml {data}").get("names")
     nc = len(names) if isinstance(names, (list, dict)) else None
     head = model.model[-1] if isinstance(getattr(model, "model", None), nn.Sequential) else None
     predicts = getattr(head, "nc", None) or len(getattr(model, "names", None) or {}) or None

@@ -9,19 +9,26 @@ the training-mode graph (every layer that learns, e.g. YOLO's raw head outputs) 
 and drop-path the identity, random draws replaced by their expectation), under no_grad, so both runs are
 deterministic and nothing updates.
 
+Every output is compared, by its path in the output structure (``out['logits'].feats``: tensors, tuples, lists,
+dicts, namedtuples, dataclasses, Hugging Face ModelOutputs, nested; :func:`prunefx.analysis.outputs.output_leaves`),
+and a comparison that cannot be made is a failure with its reason, never a pass: no tensor to compare, an output
+missing on one side, a non-tensor value that differs, NaN/inf weights or outputs (named).
+
 Robust, not just exact: float32 round-off grows with depth (a 200-layer random net drifts ~1e-3 relative), so
-outputs beyond ``rtol`` are recomputed in float64 on copies before anything is called a mismatch; and outputs
-downstream of a discontinuous op (top-k, sort, argmax: a 1e-7 change of its input can swap two indices) are
-compared at that op: the pruned run checks its input against the reference's and, when they agree, continues
-with the reference's result.
+outputs beyond ``rtol`` are recomputed in float64 on copies (the float32 a graph names made float64 too) before
+anything is called a mismatch, and a recheck that cannot run fails the check, saying so; and outputs downstream of
+a discontinuous op (top-k, sort, argmax: a 1e-7 change of its input can swap two indices) are compared at that op:
+the pruned run checks its input against the reference's and, when they agree, continues with the reference's
+result.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -33,9 +40,10 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from prunefx import _plugins
 from prunefx.analysis import analyze
+from prunefx.analysis.finite import first_non_finite
 from prunefx.analysis.graph import DependencyGraph
 from prunefx.analysis.labels import Lab
-from prunefx.analysis.outputs import default_free_outputs, drop_keys
+from prunefx.analysis.outputs import default_free_outputs, output_leaves
 from prunefx.capture.export import export_graph
 from prunefx.capture.semantics import DISCRETE, EvalInterpreter
 from prunefx.capture.trace import module_state_kept, trace, training_mode
@@ -44,17 +52,21 @@ from prunefx.plan import PlanError, PruningPlan, validate_plan
 
 @dataclass(frozen=True)
 class VerifyResult:
-    """Outcome of :func:`verify`; ``ok`` is True when every output matched within ``rtol``."""
+    """Outcome of :func:`verify`; ``ok`` is True when every output matched within ``rtol``.
+
+    Not ok either when some output could not be compared at all (``problems``): nothing compared is no pass."""
 
     ok: bool
     exact: bool  # False when a pruned group mixes channels in its statistics (LayerNorm, GroupNorm...)
-    max_rel_error: float
+    max_rel_error: float  # NaN when nothing was compared
     errors: tuple[float, ...]  # per output tensor: max |a - b| / max |a|
     inexact_groups: tuple[int, ...]
     runs_eval: bool
     runs_train: bool
     message: str
     notes: tuple[str, ...] = ()  # how it was checked: float64 recheck, replayed discrete ops, modes not checked
+    outputs: tuple[str, ...] = ()  # the path of each compared output (``out['logits']``), as ``errors``
+    problems: tuple[str, ...] = ()  # why the comparison is incomplete or meaningless; any one fails the check
 
 
 class _EvalGraph(EvalInterpreter):
@@ -234,17 +246,116 @@ def _weights_masked(gm: nn.Module, specs: list[tuple[str, int, torch.Tensor]]) -
                 t.copy_(value)
 
 
-def _outputs(x: Any, free: tuple[str, ...] = ()) -> list[torch.Tensor]:
-    """Output tensors, without the entries whose width may change (``free_outputs``)."""
-    return [t for t in tree_flatten(drop_keys(x, free))[0] if isinstance(t, torch.Tensor)]
+@dataclass
+class _Scores:
+    """Each compared output's path and relative error, and what could not be compared (each one a failure)."""
+
+    names: list[str] = field(default_factory=list)
+    errors: list[float] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    other_dtype: list[str] = field(default_factory=list)  # outputs not in the dtype the comparison asked for
+
+
+def _score(reference: Any, got: Any, free: tuple[str, ...], dtype: torch.dtype | None = None) -> _Scores:
+    """``got`` against ``reference`` leaf by leaf, matched by path (``output_leaves``, without the ``free`` keys):
+    tensors and floats by relative error, other values by equality. ``dtype``: what floating outputs must be."""
+    ref, out = dict(output_leaves(reference, free)), dict(output_leaves(got, free))
+    s = _Scores()
+    missing, extra = [p for p in ref if p not in out], [p for p in out if p not in ref]
+    if missing:
+        s.problems.append(f"the pruned model's output has no {_names(missing)}, the original's has")
+    if extra:
+        s.problems.append(f"the pruned model's output has {_names(extra)}, the original's has not")
+    for path, a in ref.items():
+        if path not in out:
+            continue
+        b = out[path]
+        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+            err = _rel(a, b)
+            s.names.append(path)
+            s.errors.append(err)
+            if not math.isfinite(err):
+                s.problems.extend(_non_finite(path, a, b))
+            if dtype is not None and any(t.is_floating_point() and t.dtype != dtype for t in (a, b)):
+                s.other_dtype.append(f"{path} came out in {a.dtype if a.dtype != dtype else b.dtype}")
+        elif isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+            s.problems.append(f"{path} is a {_kind(a)} in the original's output and a {_kind(b)} in the pruned model's")
+        elif type(a) is float and type(b) is float:  # a Python float (loss.item()) rounds as a tensor does
+            s.names.append(path)
+            s.errors.append(abs(a - b) / max(abs(a), 1e-12) if a != b else 0.0)
+        elif not _same_value(a, b):
+            s.problems.append(f"{path} differs and is no tensor to compare ({_short(a)} vs {_short(b)})")
+    if not any(isinstance(v, torch.Tensor) for v in ref.values()):
+        s.problems.append(
+            f"nothing to compare: the original's output {_short(reference)} holds no tensor prunefx can reach; "
+            "return tensors, or tuples, lists, dicts, dataclasses or registered pytree types of them, from forward")
+    return s
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| / max |a| (over a's finite values); inf when the shapes differ, NaN when either holds NaN."""
     if a.shape != b.shape:
         return float("inf")
-    scale = a.detach().abs().max().item() if a.numel() else 0.0
-    diff = (a.detach() - b.detach()).abs().max().item() if a.numel() else 0.0
+    if not a.numel():
+        return 0.0
+    a, b = a.detach(), b.detach()
+    if not all(t.is_floating_point() or t.is_complex() for t in (a, b)):  # indices, masks: equal or not
+        return 0.0 if bool((a == b).all()) else float("inf")
+    # equal values count as 0: matching infs (a masked -inf logit) are no error, where inf - inf would be NaN
+    diff = torch.where(a == b, 0.0, (a - b).abs()).max().item()
+    finite = torch.isfinite(a)
+    scale = a.abs()[finite].max().item() if bool(finite.any()) else 0.0
     return diff / max(scale, 1e-12)
+
+
+def _worst(errors: Sequence[float]) -> float:
+    """The largest error; NaN when any is NaN (``max`` would skip a NaN that is not first) or none was compared."""
+    if not errors or any(math.isnan(e) for e in errors):
+        return float("nan")
+    return max(errors)
+
+
+def _non_finite(path: str, a: torch.Tensor, b: torch.Tensor) -> list[str]:
+    """The side(s) whose output at ``path`` holds NaN/inf that the other does not match."""
+    out = []
+    for whose, t in (("the original's (pruned channels zeroed)", a), ("the pruned model's", b)):
+        if (t.is_floating_point() or t.is_complex()) and not bool(torch.isfinite(t).all()):
+            bad = int((~torch.isfinite(t)).sum())
+            out.append(f"{path} of {whose} output holds NaN/inf ({bad} of {t.numel()} values), where no relative "
+                       "error is defined; check the weights and the example inputs")
+    return out
+
+
+def _names(paths: list[str]) -> str:
+    return ", ".join(paths[:4]) + (f" (+{len(paths) - 4})" if len(paths) > 4 else "")
+
+
+def _kind(x: Any) -> str:
+    return "tensor" if isinstance(x, torch.Tensor) else type(x).__name__
+
+
+def _short(x: Any) -> str:
+    text = repr(x) if not isinstance(x, torch.Tensor) else f"tensor{tuple(x.shape)}"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """Equal non-tensor leaves; False where ``==`` is not a plain bool (arrays) or raises."""
+    if a is b:
+        return True
+    try:
+        same = a == b
+        return same if isinstance(same, bool) else bool(np.all(same)) if isinstance(same, np.ndarray) else False
+    except Exception:  # noqa: BLE001 - a leaf whose comparison breaks cannot be shown equal
+        return False
+
+
+def _tensors(x: Any, free: tuple[str, ...] = ()) -> list[torch.Tensor]:
+    return [t for _, t in output_leaves(x, free) if isinstance(t, torch.Tensor)]
+
+
+def _shapes(x: Any, free: tuple[str, ...]) -> list[tuple[str, tuple[int, ...]]]:
+    return [(p, tuple(t.shape)) for p, t in output_leaves(x, free) if isinstance(t, torch.Tensor)]
 
 
 def masked_outputs(
@@ -253,27 +364,24 @@ def masked_outputs(
     """Outputs of the original model's graph with every pruned channel zeroed wherever it appears."""
     validate_plan(dg, plan, graph_rewrite=True)
     with training_mode(dg.gm, False), torch.no_grad(), _weights_masked(dg.gm, _inside_specs(dg, plan)):
-        return _outputs(_EvalGraph(dg.gm, _mask_specs(dg, plan)).run(*example_inputs), default_free_outputs(original))
+        return _tensors(_EvalGraph(dg.gm, _mask_specs(dg, plan)).run(*example_inputs), default_free_outputs(original))
 
 
 def _compare(ref_gm: fx.GraphModule, masks: tuple[dict, list], gm: fx.GraphModule, inputs: tuple, free: tuple,
-             tol: float):
+             tol: float, dtype: torch.dtype | None = None) -> tuple[_Scores, list[str]]:
     """Per-output relative errors of ``gm`` against the masked ``ref_gm``, and notes on replayed discrete ops.
 
     ``masks``: per node the (dim, mask) of removed channels, and the inside weights to zero (``_inside_specs``)."""
     record: list = []
     nodes, weights = masks
     with training_mode(ref_gm, False), torch.no_grad(), _weights_masked(ref_gm, weights):
-        reference = _outputs(_EvalGraph(ref_gm, nodes, record=record).run(*inputs), free)
+        reference = _EvalGraph(ref_gm, nodes, record=record).run(*inputs)
     run = _EvalGraph(gm, replay=record, tol=tol)
     try:
         with training_mode(gm, False), torch.no_grad():
-            got = _outputs(run.run(*inputs), free)
+            got = run.run(*inputs)
     except Exception as exc:  # noqa: BLE001 - a pruned model that breaks is the finding, not an error of verify
-        first = str(exc).split("\n")[0][:200]
-        return (float("inf"),), [f"the pruned model raises {type(exc).__name__}: {first}"]
-    if len(reference) != len(got):
-        return (float("inf"),), []
+        return _raised(exc), []
     notes = []
     if run.replayed:
         notes.append(f"discontinuous ops compared at their inputs and replayed: {', '.join(run.replayed[:4])}"
@@ -281,7 +389,12 @@ def _compare(ref_gm: fx.GraphModule, masks: tuple[dict, list], gm: fx.GraphModul
     if run.diverged:
         name, err = run.diverged[0]
         notes.append(f"the input of discontinuous op {name} differs by {err:.3g}")
-    return tuple(_rel(a, b) for a, b in zip(reference, got, strict=True)), notes
+    return _score(reference, got, free, dtype), notes
+
+
+def _raised(exc: Exception) -> _Scores:
+    first = str(exc).split("\n")[0][:200]
+    return _Scores(["out"], [float("inf")], [f"the pruned model raises {type(exc).__name__}: {first}"])
 
 
 class _PartRun(_EvalGraph):
@@ -369,47 +482,113 @@ def _mutable(x: Any) -> Any:
 
 
 def _compare_whole(original: nn.Module, dg: DependencyGraph, masks: tuple[dict, list], pruned: nn.Module,
-                   inputs: tuple, calls: tuple, free: tuple) -> tuple[tuple[float, ...], list[str]]:
+                   inputs: tuple, calls: tuple, free: tuple, dtype: torch.dtype | None = None
+                   ) -> tuple[_Scores, list[str]]:
     """Per-output relative errors of the pruned model's own forward against the masked original, end to end."""
     nodes, weights = masks
     with training_mode(original, False), training_mode(dg.gm, False), torch.no_grad(), \
             module_state_kept(original), _weights_masked(dg.gm, weights):
-        reference = _outputs(_masked_whole(original, dg, nodes, inputs, calls), free)
+        reference = _masked_whole(original, dg, nodes, inputs, calls)
     try:
         with training_mode(pruned, False), torch.no_grad(), module_state_kept(pruned):
-            got = _outputs(pruned(*inputs), free)
+            got = pruned(*inputs)
     except Exception as exc:  # noqa: BLE001 - a pruned model that breaks is the finding, not an error of verify
-        first = str(exc).split("\n")[0][:200]
-        return (float("inf"),), [f"the pruned model raises {type(exc).__name__}: {first}"]
-    if len(reference) != len(got):
-        return (float("inf"),), []
-    return tuple(_rel(a, b) for a, b in zip(reference, got, strict=True)), []
+        return _raised(exc), []
+    return _score(reference, got, free, dtype), []
 
 
 def _verify_whole(original: nn.Module, pruned: nn.Module, plan: PruningPlan, inputs: tuple, dg: DependencyGraph,
-                  masks: tuple[dict, list], rtol: float) -> VerifyResult:
+                  masks: tuple[dict, list], rtol: float, problems: list[str]) -> VerifyResult:
     """The oracle for a partial capture: the whole models' own forwards (eval mode) on the example inputs, the
     original with every part answered by its masked graph; the code between the parts runs as it is."""
     free = default_free_outputs(original)
-    errors, notes = _compare_whole(original, dg, masks, pruned, inputs, dg.parts.calls, free)
-    worst = max(errors, default=0.0)
-    if rtol < worst < float("inf"):  # round-off, or a real difference: float64 tells them apart (see verify)
-        try:
-            orig64, gm64 = copy.deepcopy((original, dg.gm))  # one memo: the copied graph holds the copied parts
-            errors64, _ = _compare_whole(orig64.double(), replace(dg, gm=gm64.double()), masks,
-                                         copy.deepcopy(pruned).double(), _double(inputs), _double(dg.parts.calls),
-                                         free)
-            notes = [f"float32 max relative error {worst:.3g}; recomputed in float64"]
-            errors = errors64
-        except Exception as exc:  # noqa: BLE001 - a model that cannot run in float64 keeps its float32 result
-            notes.append(f"float64 recheck not possible ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})")
+    scores, notes = _compare_whole(original, dg, masks, pruned, inputs, dg.parts.calls, free)
+
+    def in_float64() -> tuple[_Scores, list[str]]:
+        orig64, gm64 = copy.deepcopy((original, dg.gm))  # one memo: the copied graph holds the copied parts
+        with _default_dtype(torch.float64):  # tensors the uncaptured code makes without a dtype
+            return _compare_whole(orig64.double(), replace(dg, gm=_to_float64(gm64)), masks,
+                                  copy.deepcopy(pruned).double(), _double(inputs), _double(dg.parts.calls), free,
+                                  torch.float64)
+
+    scores, notes = _recheck(scores, notes, rtol, in_float64, not _inexact(dg, plan))
     notes.append(f"partial capture: checked end to end through the forwards that were not captured; parts "
                  f"{', '.join(p.path for p in dg.parts.parts)}")
-    return _result(original, pruned, plan, inputs, dg, errors, notes, rtol)
+    return _result(original, pruned, plan, inputs, dg, scores, notes, rtol, problems)
+
+
+def _recheck(scores: _Scores, notes: list[str], rtol: float, in_float64: Any, exact: bool
+             ) -> tuple[_Scores, list[str]]:
+    """The float64 comparison (``in_float64()``) in place of a float32 one whose error exceeds ``rtol``.
+
+    float32 round-off grows with depth: recomputed in float64 (on copies), a real difference stays and round-off
+    drops by ~1e9. A recheck that cannot run, or does not run in float64, leaves the float32 error unexplained: a
+    problem (the check fails) when the plan is ``exact``, a note otherwise (an inexact plan is judged on finiteness,
+    and float32 says that already)."""
+    worst = _worst(scores.errors)
+    if not rtol < worst < float("inf"):
+        return scores, notes
+    try:
+        scores64, notes64 = in_float64()
+    except Exception as exc:  # noqa: BLE001 - the model's own failure in float64 is reported, not raised
+        failed = f"failed ({type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:120]}); make the model run " \
+                 "after .double()"
+    else:
+        if not scores64.other_dtype:
+            return scores64, [f"float32 max relative error {worst:.3g}; recomputed in float64", *notes64]
+        failed = f"did not run in float64 ({scores64.other_dtype[0]}); make its forward follow the inputs' dtype"
+    if not exact:
+        return scores, [*notes, f"float64 recheck {failed.split(';')[0]}"]
+    scores.problems.append(f"float32 max relative error {worst:.3g} exceeds rtol {rtol} and the float64 recheck "
+                           f"that tells round-off from a real difference {failed}, or pass a larger rtol")
+    return scores, notes
 
 
 def _double(x: Any) -> Any:
     return tree_map(lambda t: t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t, x)
+
+
+def _to_float64(gm: fx.GraphModule) -> fx.GraphModule:
+    """``gm`` (a copy) in float64: its parameters, buffers and constant tensors, and every float32 its graph names.
+
+    Export graphs and forwards make float32 tensors themselves (``torch.arange(n, dtype=torch.float32)``,
+    ``.float()``, ATen's ``_to_copy(x, dtype=torch.float32)``); left alone they would run the recheck in float32
+    or fail it on a dtype mismatch. Tensors made without a dtype need :func:`_default_dtype` while it runs."""
+    gm.double()
+    for n in gm.graph.nodes:
+        n.args = fx.node.map_aggregate(n.args, _f64)
+        n.kwargs = fx.node.map_aggregate(n.kwargs, _f64)
+        if n.op == "call_method" and n.target == "float":
+            n.target = "double"
+        elif n.op == "get_attr":  # a constant the trace stored as a plain attribute, which .double() skips
+            owner, _, name = n.target.rpartition(".")
+            try:
+                module = gm.get_submodule(owner)
+                value = getattr(module, name)
+            except AttributeError:  # an attribute of a non-module: nothing .double() would have reached either
+                continue
+            if isinstance(value, torch.Tensor) and value.dtype == torch.float32 and name not in module._parameters:
+                if name in module._buffers:
+                    module._buffers[name] = value.double()
+                else:
+                    setattr(module, name, value.double())
+    gm.recompile()
+    return gm
+
+
+def _f64(a: Any) -> Any:
+    return torch.float64 if a is torch.float32 else a
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """torch's default floating dtype set to ``dtype`` for the block, then put back as it was."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
 
 
 def verify(
@@ -438,39 +617,47 @@ def verify(
         raise PlanError("dg must be the analysis of `original` (the unpruned copy), not of the pruned model")
     dg = dg or analyze(original, example_inputs, capture=capture)
     validate_plan(dg, plan, graph_rewrite=True)
+    # NaN/inf weights make every comparison NaN (which reads as "not deterministic"): name the tensor instead
+    problems = [p for p in (_non_finite_state(original, "the original"), _non_finite_state(pruned, "the pruned model"))
+                if p]
     masks = _mask_specs(dg, plan), _inside_specs(dg, plan)
     free = default_free_outputs(original)
     if dg.parts is not None:  # only parts were captured: the whole model is compared end to end
-        return _verify_whole(original, pruned, plan, example_inputs, dg, masks, rtol)
+        return _verify_whole(original, pruned, plan, example_inputs, dg, masks, rtol, problems)
     # captured as the analysis was: an export graph runs the pruned model's own forward (rewritten literals)
     if dg.capture == "export":
         gm = export_graph(pruned, example_inputs)
     else:
         gm = trace(pruned, example_inputs, training=dg.training)  # the mode the analysis traced in
-    errors, notes = _compare(dg.gm, masks, gm, example_inputs, free, rtol)
-    worst = max(errors, default=0.0)
-    if rtol < worst < float("inf"):
-        # float32 round-off grows with depth: recompute both sides in float64 (on copies) before calling it a
-        # mismatch; a real difference stays, round-off drops by ~1e9.
-        try:
-            errors64, notes64 = _compare(copy.deepcopy(dg.gm).double(), masks, copy.deepcopy(gm).double(),
-                                         _double(example_inputs), free, rtol)
-            notes = [f"float32 max relative error {worst:.3g}; recomputed in float64", *notes64]
-            errors, worst = errors64, max(errors64, default=0.0)
-        except Exception as exc:  # noqa: BLE001 - a model that cannot run in float64 keeps its float32 result
-            notes.append(f"float64 recheck not possible ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})")
-    return _result(original, pruned, plan, example_inputs, dg, errors, notes, rtol)
+    scores, notes = _compare(dg.gm, masks, gm, example_inputs, free, rtol)
+
+    def in_float64() -> tuple[_Scores, list[str]]:
+        with _default_dtype(torch.float64):  # tensors the forward makes without a dtype (torch.ones(n))
+            return _compare(_to_float64(copy.deepcopy(dg.gm)), masks, _to_float64(copy.deepcopy(gm)),
+                            _double(example_inputs), free, rtol, torch.float64)
+
+    scores, notes = _recheck(scores, notes, rtol, in_float64, not _inexact(dg, plan))
+    return _result(original, pruned, plan, example_inputs, dg, scores, notes, rtol, problems)
+
+
+def _non_finite_state(model: nn.Module, whose: str) -> str | None:
+    """A line naming the first tensor of ``model`` whose NaN/inf makes its outputs compare to nothing; None if none."""
+    bad = first_non_finite(model)
+    return None if bad is None else (
+        f"{bad.replace(' holds', f' of {whose} holds', 1)}, so its outputs compare to nothing; load finite weights "
+        "(a checkpoint from before training diverged) and prune again")
 
 
 def _result(original: nn.Module, pruned: nn.Module, plan: PruningPlan, example_inputs: tuple, dg: DependencyGraph,
-            errors: tuple[float, ...], notes: list[str], rtol: float) -> VerifyResult:
+            scores: _Scores, notes: list[str], rtol: float, problems: list[str]) -> VerifyResult:
     """The verdict on the compared outputs, once the pruned model's own forward has run in both modes."""
-    worst = max(errors, default=0.0)
-    inexact = tuple(gp.group for gp in plan.pruned if not dg.groups[gp.group].exact)
+    worst = _worst(scores.errors)
+    problems = [*problems, *scores.problems]
+    inexact = _inexact(dg, plan)
     runs_eval, runs_train, run_notes = _runs(original, pruned, example_inputs)
     notes.extend(run_notes)
     exact = not inexact
-    ok = runs_eval and runs_train and (worst <= rtol if exact else bool(np.isfinite(worst)))
+    ok = runs_eval and runs_train and not problems and (worst <= rtol if exact else math.isfinite(worst))
     if not (runs_eval and runs_train):
         msg = "the pruned model does not run (or changes output shapes) in " + (
             "eval and train mode" if not (runs_eval or runs_train) else "eval mode" if not runs_eval else "train mode")
@@ -479,10 +666,19 @@ def _result(original: nn.Module, pruned: nn.Module, plan: PruningPlan, example_i
             f"not exactly verifiable: groups {list(inexact)} pass through cross-channel ops; max rel. diff {worst:.3g}"
         )
     else:
-        msg = f"max relative error {worst:.3g} over {len(errors)} output(s) (rtol {rtol})"
+        at = f" at {scores.names[scores.errors.index(worst)]}" if worst > rtol and worst in scores.errors else ""
+        msg = f"max relative error {worst:.3g}{at} over {len(scores.errors)} output(s) (rtol {rtol})"
+    if problems:  # first: they say why the numbers after them prove nothing
+        msg = "not verified: " + "; ".join(problems) + "; " + msg
     if notes:
         msg += "; " + "; ".join(notes)
-    return VerifyResult(bool(ok), exact, float(worst), errors, inexact, runs_eval, runs_train, msg, tuple(notes))
+    return VerifyResult(bool(ok), exact, float(worst), tuple(scores.errors), inexact, runs_eval, runs_train, msg,
+                        tuple(notes), tuple(scores.names), tuple(problems))
+
+
+def _inexact(dg: DependencyGraph, plan: PruningPlan) -> tuple[int, ...]:
+    """The pruned groups that pass through cross-channel statistics (LayerNorm...): no exact equality to check."""
+    return tuple(gp.group for gp in plan.pruned if not dg.groups[gp.group].exact)
 
 
 def _shares_weights(gm: nn.Module, model: nn.Module) -> bool:
@@ -505,15 +701,14 @@ def _runs(original: nn.Module, pruned: nn.Module, example_inputs: tuple) -> tupl
         with _buffers_restored(original), _buffers_restored(pruned), training_mode(original, train), \
                 training_mode(pruned, train), torch.no_grad():
             try:
-                oa = _outputs(original(*example_inputs), free)
+                oa = _shapes(original(*example_inputs), free)
             except Exception as exc:  # noqa: BLE001 - the original's own failure: nothing to compare with
                 notes.append(f"{mode} mode not checked: the original does not run in it on these inputs "
                              f"({type(exc).__name__}: {str(exc).splitlines()[0][:120]})")
                 results.append(True)
                 continue
             try:
-                ob = _outputs(pruned(*example_inputs), free)
-                results.append(len(oa) == len(ob) and all(x.shape == y.shape for x, y in zip(oa, ob, strict=True)))
+                results.append(oa == _shapes(pruned(*example_inputs), free))
             except Exception:  # noqa: BLE001 - any failure of the pruned forward is the finding
                 results.append(False)
     return results[0], results[1], notes

@@ -2,6 +2,10 @@
 float32 round-off and discontinuous ops each get a hand-built pattern (issue 15, R2)."""
 
 import copy
+import dataclasses
+import math
+import re
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -15,10 +19,10 @@ from prunefx.transform.rewrite import apply_plan
 from prunefx.verify import verify
 
 
-def _pruned(model, x, ratio=0.5, seed=0):
+def _pruned(model, x, ratio=0.5, seed=0, capture="auto"):
     """(original copy, pruned model, plan) with random scores; nothing verified yet."""
     original = copy.deepcopy(model)
-    dg = prunefx.analyze(model, x)
+    dg = prunefx.analyze(model, x, capture=capture)
     g = torch.Generator().manual_seed(seed)
     scores = {gr.id: torch.rand(gr.channels, generator=g).numpy() for gr in dg.prunable}
     plan = make_plan(dg, scores, PlanConfig(ratio=ratio), cost=CostModel(model, dg, x))
@@ -143,35 +147,107 @@ def test_discontinuous_op_is_compared_at_its_input_and_replayed():
     assert not verify(original, pruned, plan, x).ok
 
 
-class Chaotic(nn.Module):
-    """A Linear group (256 wide, so BLAS accumulates the kept and the zeroed columns in different lanes), then 18
-    logistic-map steps: float32 round-off (1e-7) grows ~2x per step past 1e-4, float64's (1e-16) stays < 1e-9."""
+class RoundsOff(nn.Module):
+    """A prunable Linear group, then ``(y + shift) - shift``: the identity in exact arithmetic, and ``shift`` is 0 in
+    the original. A pruned copy given ``shift = 2**16`` rounds its outputs to multiples of 2**-7 in float32 (IEEE
+    addition, the same on every CPU and BLAS: a relative error of ~4e-3, far past rtol) and of 2**-36 in float64."""
 
-    def __init__(self, c=256):
+    def __init__(self, c=64):
         super().__init__()
         self.a, self.b = nn.Linear(16, c), nn.Linear(c, 4)
+        self.shift = 0.0
 
     def forward(self, x):
-        y = torch.sigmoid(self.b(torch.relu(self.a(x))))
-        for _ in range(18):
-            y = 3.99 * y * (1 - y)
-        return y
+        return (self.b(torch.relu(self.a(x))) + self.shift) - self.shift
+
+
+def _rounds_off(model, capture="auto"):
+    """(original, pruned copy whose forward rounds at 2**16, plan); a plain-float attribute, so traces bake it in."""
+    torch.manual_seed(0)
+    x = torch.randn(8, 16)
+    original, pruned, plan = _pruned(model.eval(), x, capture=capture)
+    pruned.shift = 2.0 ** 16
+    return original, pruned, plan, x
+
+
+def _float32_error(result):
+    """The float32 error the float64 recheck note reports (the recheck ran when there is one)."""
+    note = next(n for n in result.notes if "recomputed in float64" in n)
+    return float(note.split("float32 max relative error ")[1].split(";")[0])
+
+
+def _scaled(pruned, factor=1.001):
+    """``pruned`` with ``b``'s outputs scaled by ``factor``: a real relative difference, which float64 keeps."""
+    with torch.no_grad():
+        pruned.b.weight.mul_(factor)
+        pruned.b.bias.mul_(factor)
 
 
 def test_float32_round_off_is_rechecked_in_float64():
-    rechecked = 0
-    for seed in range(4):  # which seeds round differently depends on the BLAS; some always do
-        torch.manual_seed(seed)
-        model = Chaotic().eval()
-        x = torch.randn(8, 16)
-        original, pruned, plan = _pruned(model, x)
-        result = verify(original, pruned, plan, x)
-        assert result.ok and result.max_rel_error < 1e-6, result.message
-        rechecked += any("recomputed in float64" in n for n in result.notes)
-    assert rechecked, "float32 alone must exceed rtol for some seed: the float64 path was not exercised"
-    with torch.no_grad():
-        pruned.b.bias[0] += 1e-3  # a real difference survives float64
-    assert not verify(original, pruned, plan, x).ok
+    original, pruned, plan, x = _rounds_off(RoundsOff())
+    result = verify(original, pruned, plan, x)
+    assert result.ok, result.message
+    assert _float32_error(result) > 1e-3  # the float64 path ran because float32 alone exceeds rtol
+    assert result.max_rel_error < 1e-9  # 2**-36 rounding of ~1-sized outputs, plus float64's own round-off
+    _scaled(pruned)  # a real 1e-3 difference survives float64
+    result = verify(original, pruned, plan, x)
+    assert not result.ok and result.max_rel_error > 5e-4, result.message
+
+
+class MakesFloat32(RoundsOff):
+    """Float32 made inside forward, as Qwen3's rotary positions and diffusers' timestep embeddings do: ``arange(...,
+    dtype=torch.float32)``, ``torch.ones`` without a dtype, a constant tensor, ``.float()`` and ``.to(float32)``."""
+
+    def forward(self, x):
+        y = self.b(torch.relu(self.a(x)))
+        n = y.shape[1]
+        y = y @ torch.diag(torch.arange(1, n + 1, dtype=torch.float32)) @ torch.ones(n, n).triu()
+        y = (y @ (torch.eye(4) * 0.5)).float().to(torch.float32)
+        return (y + self.shift) - self.shift
+
+
+@pytest.mark.parametrize("capture", ["fx", "export"])
+def test_float64_recheck_runs_what_forward_makes_in_float32_in_float64(capture):
+    original, pruned, plan, x = _rounds_off(MakesFloat32(), capture)
+    before = torch.get_default_dtype()
+    result = verify(original, pruned, plan, x, capture=capture)
+    assert torch.get_default_dtype() is before
+    assert result.ok, result.message
+    assert _float32_error(result) > 1e-3 and result.max_rel_error < 1e-9, result.message
+    _scaled(pruned)
+    result = verify(original, pruned, plan, x, capture=capture)
+    assert not result.ok and result.max_rel_error > 5e-4, result.message
+
+
+def float32_kernel(x):
+    """A custom kernel that takes float32 only (a fused op, a C++ extension); the graph calls it as one function."""
+    if x.dtype != torch.float32:
+        raise TypeError(f"float32 only, got {x.dtype}")
+    return x
+
+
+torch.fx.wrap("float32_kernel")
+
+
+class RecheckFails(RoundsOff):
+    def forward(self, x):
+        return float32_kernel(super().forward(x))
+
+
+class RecheckInHalf(RoundsOff):
+    def forward(self, x):
+        return super().forward(x).half()
+
+
+@pytest.mark.parametrize(("model", "why"), [(RecheckFails, r"failed \(TypeError: float32 only"),
+                                            (RecheckInHalf, r"did not run in float64 \(out came out in torch.float16")])
+def test_a_float64_recheck_that_fails_is_a_failure_that_says_so(model, why):
+    original, pruned, plan, x = _rounds_off(model())
+    result = verify(original, pruned, plan, x)
+    assert not result.ok
+    assert re.match(r"not verified: float32 max relative error \S+ exceeds rtol 0.0001 and the float64 recheck "
+                    r"that tells round-off from a real difference " + why, result.message), result.message
+    assert not any("float64" in n for n in result.notes), result.notes  # in the verdict, not only in a note
 
 
 @pytest.mark.parametrize("fn", ["dropout", "alpha_dropout"])
@@ -188,3 +264,190 @@ def test_train_only_functions_are_the_identity(fn):
     x = torch.randn(2, 3, 4, 4)
     original, pruned, plan = _pruned(model, x)
     assert verify(original, pruned, plan, x).ok
+
+
+# ---- output structures: every leaf compared, by path; nothing compared is no pass --------------------------------
+
+
+@dataclasses.dataclass
+class Pair:
+    main: object
+    aux: object
+
+
+class Aux(NamedTuple):
+    feats: torch.Tensor
+    scale: float
+
+
+def _model_output(m):
+    from transformers.modeling_outputs import BaseModelOutput  # a registered pytree node, and a dataclass
+
+    return BaseModelOutput(last_hidden_state=m)
+
+
+STRUCTURES = {  # how the model returns (main, aux), and the path of aux in it
+    "dataclass": (lambda m, a: Pair(m, a), "out.aux"),
+    "dict of dataclass": (lambda m, a: {"main": m, "extra": Pair(m * 2, [a])}, "out['extra'].aux[0]"),
+    "dataclass of ModelOutput and namedtuple": (
+        lambda m, a: Pair(_model_output(m), Aux(a, 0.5)), "out.aux.feats"),
+}
+
+
+class Heads(nn.Module):
+    """A prunable stem feeding two heads, whose outputs ``form`` returns in some structure."""
+
+    def __init__(self, form):
+        super().__init__()
+        self.stem, self.main, self.aux, self.form = nn.Conv2d(3, 16, 1), nn.Conv2d(16, 4, 1), nn.Conv2d(16, 2, 1), form
+
+    def forward(self, x):
+        h = torch.relu(self.stem(x))
+        return self.form(self.main(h), self.aux(h))
+
+
+@pytest.mark.parametrize("case", STRUCTURES)
+def test_every_output_leaf_is_compared_by_its_path(case):
+    if "ModelOutput" in case:
+        pytest.importorskip("transformers")
+    form, aux = STRUCTURES[case]
+    x = torch.randn(2, 3, 6, 6)
+    original, pruned, plan = _pruned(Heads(form).eval(), x)
+    same = verify(original, pruned, plan, x)
+    assert same.ok, same.message
+    with torch.no_grad():  # only the output inside the dataclass changes: it must be seen
+        pruned.aux.weight.mul_(1.01)
+    result = verify(original, pruned, plan, x)
+    assert not result.ok and f"at {aux} " in result.message, result.message
+    assert aux in same.outputs and len(same.outputs) >= 2, same.outputs
+
+
+class Returns(nn.Module):
+    """A prunable stem and head; what else forward returns is up to ``extra`` (a plain attribute, so traces keep
+    the value it had when traced)."""
+
+    def __init__(self, extra):
+        super().__init__()
+        self.stem, self.head, self.extra = nn.Conv2d(3, 16, 1), nn.Conv2d(16, 4, 1), extra
+
+    def forward(self, x):
+        y = self.head(torch.relu(self.stem(x)))
+        if self.extra == "debug":
+            return {"y": y, "debug": y * 2}
+        return {"y": y, "mode": self.extra}
+
+
+def test_outputs_that_cannot_be_compared_are_named_and_fail():
+    x = torch.randn(2, 3, 6, 6)
+    original, pruned, plan = _pruned(Returns("a").eval(), x)
+    assert verify(original, pruned, plan, x).ok
+    pruned.extra = "debug"  # a key the original does not return, and one it does missing
+    result = verify(original, pruned, plan, x)
+    assert not result.ok and "the pruned model's output has out['debug'], the original's has not" in result.message
+    assert "the pruned model's output has no out['mode']" in result.message, result.message
+    pruned.extra = "b"  # a non-tensor leaf that differs
+    result = verify(original, pruned, plan, x)
+    assert not result.ok and "out['mode'] differs and is no tensor to compare ('a' vs 'b')" in result.message
+
+
+class Opaque:
+    """An output type neither pytree nor dataclasses know: prunefx cannot look inside."""
+
+    def __init__(self, main, aux):
+        self.main, self.aux = main, aux
+
+
+class OpaqueRoot(nn.Module):
+    """The root forward branches on tensor data (neither fx nor torch.export captures it): analysed part by part,
+    checked end to end through its own forward, which returns ``wrap(main, aux)``."""
+
+    def __init__(self, wrap):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, 16, 1), nn.ReLU(), nn.Conv2d(16, 4, 1))
+        self.aux, self.wrap = nn.Conv2d(3, 2, 1), wrap
+
+    def forward(self, x):
+        y = self.body(x)
+        if y.max() > -1e9:
+            y = y * 1.0
+        return self.wrap(y, self.aux(x))
+
+
+def test_the_whole_model_check_of_a_partial_capture_compares_every_leaf():
+    x = torch.randn(2, 3, 6, 6)
+    original, pruned, plan = _pruned(OpaqueRoot(Pair).eval(), x)
+    same = verify(original, pruned, plan, x)
+    assert same.ok and any("partial capture" in n for n in same.notes), same.message
+    with torch.no_grad():
+        pruned.aux.weight.mul_(1.01)
+    result = verify(original, pruned, plan, x)
+    assert not result.ok and "at out.aux " in result.message, result.message
+    assert same.outputs == ("out.main", "out.aux")
+
+
+def test_nothing_compared_is_a_failure_not_a_pass():
+    x = torch.randn(2, 3, 6, 6)
+    original, pruned, plan = _pruned(OpaqueRoot(Opaque).eval(), x)
+    result = verify(original, pruned, plan, x)
+    assert not result.ok and math.isnan(result.max_rel_error), result.message
+    assert result.message.startswith("not verified: ") and "nothing to compare: the original's output <" in \
+        result.message, result.message
+
+
+# ---- NaN / inf: named, not "not deterministic" -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("where", "named"), [
+    ("original parameter", "parameter 'a.weight' of the original holds NaN (1 of 1024 values)"),
+    ("pruned parameter", "parameter 'b.weight' of the pruned model holds NaN (1 of "),
+    ("original buffer", "buffer 'bn.running_var' of the original holds NaN (1 of 64 values)"),
+])
+def test_non_finite_weights_are_named(where, named):
+    model = nn.Sequential()
+    model.a, model.bn, model.relu, model.b = nn.Linear(16, 64), nn.BatchNorm1d(64), nn.ReLU(), nn.Linear(64, 4)
+    x = torch.randn(8, 16)
+    original, pruned, plan = _pruned(randomize_bn(model).eval(), x)
+    dg = prunefx.analyze(original, x)  # as prune's trials pass it: the analysis of the finite model
+    with torch.no_grad():
+        {"original parameter": original.a.weight, "pruned parameter": pruned.b.weight,
+         "original buffer": original.bn.running_var}[where][0, ...].view(-1)[0] = float("nan")
+    result = verify(original, pruned, plan, x, dg=dg)
+    assert not result.ok and result.message.startswith(f"not verified: {named}"), result.message
+    assert "load finite weights" in result.message
+
+
+def test_non_finite_outputs_are_named():
+    class Log(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(16, 64), nn.Linear(64, 4)
+
+        def forward(self, x):
+            return {"logp": torch.log(self.b(torch.relu(self.a(x))))}  # log of negative values: NaN
+
+    x = torch.randn(8, 16)
+    original, pruned, plan = _pruned(Log().eval(), x)
+    result = verify(original, pruned, plan, x)
+    assert not result.ok
+    assert "out['logp'] of the original's (pruned channels zeroed) output holds NaN/inf" in result.message, \
+        result.message
+
+
+def test_infs_both_models_return_at_the_same_places_are_no_error():
+    class Masked(nn.Module):
+        """Logits with -inf where the input says so (padding), as attention masks and samplers return them."""
+
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(16, 64), nn.Linear(64, 4)
+
+        def forward(self, x):
+            return self.b(torch.relu(self.a(x))).masked_fill(x[:, :4] > 0.5, float("-inf"))
+
+    x = torch.randn(8, 16)
+    original, pruned, plan = _pruned(Masked().eval(), x)
+    result = verify(original, pruned, plan, x)
+    assert result.ok, result.message  # -inf == -inf: no inf - inf = NaN
+    with torch.no_grad():
+        pruned.b.bias[0] += 1.0
+    assert not verify(original, pruned, plan, x).ok  # and the finite values are still compared

@@ -13,9 +13,10 @@ from torch import nn
 
 from prunefx import _plugins
 from prunefx.analysis.engine import Engine
+from prunefx.analysis.finite import check_finite
 from prunefx.analysis.graph import DependencyGraph
 from prunefx.analysis.groups import Group, Member, build_groups
-from prunefx.analysis.outputs import default_free_outputs
+from prunefx.analysis.outputs import default_free_outputs, require_tensor_output
 from prunefx.analysis.parts import boundary_reasons, find_parts
 from prunefx.analysis.roles import Kind
 from prunefx.analysis.rules import RULES, OpRegistry
@@ -51,6 +52,7 @@ def analyze(
     """
     if not isinstance(model, nn.Module):
         raise PrunefxError(f"analyze expects a torch.nn.Module, got {type(model).__name__}")
+    check_finite(model)
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
     example_inputs = tuple(example_inputs)
@@ -65,6 +67,7 @@ def analyze(
     graph_inputs = parts.calls if parts is not None else example_inputs
     how = gm.meta.get(META_KEY, {}).get("capture", "fx")
     shape_pass = "export" if how == "export" else propagate(gm, graph_inputs)  # export's graph has its values
+    require_tensor_output(gm, type(model).__name__)
     if parts is not None:
         free_outputs = ()  # a part's outputs are read by code that was not analysed: all frozen
     elif free_outputs is None:

@@ -103,3 +103,52 @@ def test_cli_writes_no_model_when_no_plan_passes(tmp_path, monkeypatch):
     assert result.exit_code == 2, result.output
     assert "even with nothing pruned" in result.output
     assert not (run / "pruned.pt").exists()
+
+
+class Cells(nn.Module):
+    """Eight blocks; after some, a NASNet-style projection runs only when the width is not 16."""
+
+    def __init__(self, projected: tuple[int, ...]) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Conv2d(3 if i == 0 else 16, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU())
+            for i in range(8)
+        )
+        self.reduce = nn.ModuleDict({str(i): nn.Conv2d(16, 16, 1) for i in projected})
+        self.head = nn.Conv2d(16, 4, 1)
+
+    def forward(self, x):
+        for i, block in enumerate(self.blocks):
+            x = block(x)
+            if str(i) in self.reduce and x.size(1) != 16:
+                x = self.reduce[str(i)](x)
+        return self.head(x)
+
+
+@pytest.mark.parametrize("projected", [(5,), (2, 5)])
+def test_bisection_finds_each_failing_group_within_its_stated_bound_of_oracle_runs(monkeypatch, projected):
+    import math
+
+    import prunefx.analysis.groups
+    from prunefx import api
+
+    # The capture would freeze the projected blocks up front; without that, only the oracle can find them.
+    monkeypatch.setattr(prunefx.analysis.groups, "_freeze_decided", lambda state, grouping: False)
+    runs = []
+    trial = api._Trial.__call__
+    monkeypatch.setattr(api._Trial, "__call__", lambda self, dg, plan: runs.append(plan) or trial(self, dg, plan))
+    model, x = randomize_bn(Cells(projected)).eval(), torch.randn(1, 3, 8, 8)
+    dg = prunefx.analyze(copy.deepcopy(model), x)
+    bad = {dg.group_of(f"blocks.{i}.0").id for i in projected}
+    result = prunefx.prune(model, x, PlanConfig(ratio=0.5), criterion="l1", bias_compensation=False)
+
+    assert {g for g, _ in result.frozen_by_check} == bad
+    n, k = 8, len(projected)  # every block's group is pruned, one unit each
+    bound = 1 + k * (math.ceil(math.log2(n)) + 1)
+    for _, reason in result.frozen_by_check:
+        found = int(reason.split("found in ")[1].split(" of at most ")[0])
+        assert f"of at most {bound} oracle runs" in reason and f"k={k} failing of n={n}" in reason
+        assert found == len(runs) - 2 <= bound  # runs: the whole plan, the bisection, the replanned plan
+    assert all(model.blocks[i][0].out_channels == 16 for i in projected)
+    assert all(model.blocks[i][0].out_channels < 16 for i in range(8) if i not in projected)
+    assert result.verified.ok, result.verified.message

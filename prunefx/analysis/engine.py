@@ -26,6 +26,7 @@ from prunefx.analysis.outputs import drop_keys
 from prunefx.analysis.products import Product, resolve
 from prunefx.analysis.roles import Kind, Literal, ModuleRole, ParamDim, RecordKey, Role
 from prunefx.analysis.rules._registry import RULES, OpRegistry
+from prunefx.capture.concrete import SizeDecision
 from prunefx.capture.values import VALUE_KEY
 
 
@@ -58,6 +59,16 @@ class EngineState:
     products: list[Product] = field(default_factory=list)  # reshapes splitting / merging channel dims
     batch_tags: list[np.ndarray] = field(default_factory=list)  # channels that index slices of a contraction
     inside: set[RecordKey] = field(default_factory=set)  # parameter dims whose channels no graph edge carries
+    decisions: list[Decision] = field(default_factory=list)  # Python decisions on sizes, checked by build_groups
+
+
+@dataclass
+class Decision:
+    """A Python decision the trace took on sizes (see prunefx.capture.concrete), with the labels of what it read."""
+
+    size: SizeDecision
+    record: dict[str, Any]  # the tracer's entry: node, use, at ("file:line"), code, value
+    labels: dict[fx.Node, Lab]  # label of each tensor the decision reads
 
 
 def _flatten(x: Any) -> list[Any]:
@@ -252,6 +263,7 @@ class Engine:
     def run(self) -> EngineState:
         for node in self.gm.graph.nodes:
             self.env[node] = self._visit(node)
+        self._collect_decisions()
         self._freeze_unexplained()
         self._resolve_products()
         return self.state
@@ -264,6 +276,18 @@ class Engine:
         dropped = {id(a) for p, k in done for j, (_, a) in enumerate(p.factors) if j != k}
         for key in [k for k, r in records.items() if r.kind is Kind.CONST and id(r.source) in dropped]:
             del records[key]
+
+    def _collect_decisions(self) -> None:
+        """The tracer's size decisions that read a labelled dim: whether pruning flips them is known per group."""
+        nodes = {n.name: n for n in self.gm.graph.nodes}
+        for rec in self.gm.meta.get("prunefx", {}).get("decisions", ()):
+            node = nodes.get(rec["node"])
+            if node is None:  # removed by a pass after tracing: nothing reads it any more
+                continue
+            size = SizeDecision(node, rec["use"], lambda n: n.meta.get(VALUE_KEY))
+            labels = {n: lab for n in size.reads if isinstance(lab := self.env.get(n), Lab) and lab.labeled()}
+            if labels:
+                self.state.decisions.append(Decision(size, rec, labels))
 
     def _freeze_unexplained(self) -> None:
         """A parameter dim read in forward that no rule related to anything is not a channel: freeze it."""

@@ -12,8 +12,9 @@ from itertools import pairwise
 
 import numpy as np
 
-from prunefx.analysis.engine import EngineState, Record
+from prunefx.analysis.engine import Decision, EngineState, Record
 from prunefx.analysis.roles import OUT, Kind, RecordKey, Role, parse_role
+from prunefx.capture.concrete import USES
 
 _RNG = np.random.default_rng(0x5EED)
 
@@ -122,7 +123,7 @@ def build_groups(state: EngineState) -> Grouping:
     """Group classes by the exact set of members they touch (and their freeze / exactness state)."""
     for _ in range(8):  # equal-count ties that do not map to whole groups are coupled, then regrouped
         grouping = _group_once(state)
-        if grouping is not None:
+        if grouping is not None and not _freeze_decided(state, grouping):
             return grouping
     raise RuntimeError("equal-count constraints did not settle")  # each retry merges classes, so it converges
 
@@ -222,6 +223,64 @@ def _group_once(state: EngineState) -> Grouping | None:
             Group(g, int(sizes[g]), not fr, tuple(fr), tuple(constraints), not ir, tuple(ir), tuple(members[g]), froots)
         )
     return Grouping(groups, dict(zip(keys, roots, strict=True)), ties)
+
+
+def _freeze_decided(state: EngineState, grouping: Grouping) -> bool:
+    """Freeze each group whose pruning would change a Python decision the trace took on sizes; True if any was.
+
+    The graph holds only the branch (loop count, constant) the example sizes chose, so pruning such a group would
+    leave a model that takes another path than its graph. Each decision is re-evaluated with 1..n-1 of the group's
+    n channels removed from the tensors it reads; a decision that no pruning changes (``x.numel() > 0``, a size
+    compared with another of the same group) leaves the group prunable. Runs once: the decisions are consumed.
+    """
+    decisions, state.decisions = state.decisions, []
+    groups, frozen = grouping.groups, set()
+    if not decisions or not groups:
+        return False
+    roots = np.concatenate([g.roots for g in groups])
+    owner = np.repeat(np.arange(len(groups)), [len(g.roots) for g in groups])
+    order = np.argsort(roots, kind="stable")
+    roots, owner = roots[order], owner[order]
+    for dec in decisions:
+        dims = [(n, d, state.atoms.find(lab.dims[d])) for n, lab in dec.labels.items() for d in lab.labeled()]
+        hit = np.concatenate([r for _, _, r in dims])
+        idx = np.minimum(np.searchsorted(roots, hit), len(roots) - 1)
+        for g in np.unique(owner[idx[roots[idx] == hit]]).tolist():
+            if groups[g].prunable and g not in frozen:
+                why = _flip(dec, groups[g], dims)
+                if why is not None:
+                    state.atoms.freeze(groups[g].roots, why)
+                    frozen.add(g)
+    return bool(frozen)
+
+
+def _flip(dec: Decision, group: Group, dims: list) -> str | None:
+    """Why pruning ``group`` changes the decision (None when no number of channels removed does)."""
+    rec, n = dec.record, group.channels
+    head = f"{USES[rec['use']][0]} reads this channel count at {rec['at']}: `{rec['code']}`"
+    try:
+        if dec.size.outcome() != rec["value"]:
+            raise ValueError("the traced sizes do not give the traced decision")
+    except Exception as exc:  # noqa: BLE001 - a decision that cannot be re-evaluated may depend on anything
+        return f"{head} (it cannot be re-evaluated at other sizes: {type(exc).__name__})"
+    # Removing the group's first m channels takes, from each dim read, the positions of those channels.
+    rank = {int(r): k for k, r in enumerate(group.roots.tolist())}
+    cuts = []
+    for node, d, r in dims:
+        counts = np.bincount([rank[x] for x in r.tolist() if x in rank], minlength=n)
+        if counts.any():
+            cuts.append((node, d, np.cumsum(counts)))
+    for m in range(1, n):
+        shapes = {node: list(dec.size.value_of(node).shape) for node, _, _ in cuts}
+        for node, d, removed in cuts:
+            shapes[node][d] -= int(removed[m - 1])
+        try:
+            changed = dec.size.outcome({k: tuple(v) for k, v in shapes.items()}) != rec["value"]
+        except Exception:  # noqa: BLE001 - the code would fail at that size: as much a change as another branch
+            changed = True
+        if changed:
+            return f"{head} (the trace took {rec['value']!r} at {n} channels; {n - m} would change it)"
+    return None
 
 
 def _unique_inverse(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

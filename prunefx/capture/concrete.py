@@ -10,12 +10,17 @@ does, the graph so far runs for real on the example inputs (no_grad; the tracer 
 decision there (``if boxes.numel() > 4000:``) follows the example. On a model on the meta device such a condition
 still fails, as before.
 
-Each decision taken this way is recorded (``gm.meta["prunefx"]["specialised"]``: source line -> value).
+Each decision taken this way is recorded (``gm.meta["prunefx"]["specialised"]``: source line -> value), and those
+that read a size into Python (a condition, an index or ``range()``, ``float()``, ``len()`` of a tensor) also in
+``gm.meta["prunefx"]["decisions"]`` with the graph node they read. :class:`SizeDecision` re-evaluates one at other
+sizes of the tensors it reads: the analysis freezes the channels whose pruning would flip it
+(``elif prev.size(1) != self.filters:`` in a NASNet cell), since the graph only holds the branch the trace took.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import operator
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -124,3 +129,58 @@ def as_number(v: Any) -> Any:
     if isinstance(v, torch.Tensor) and v.device.type != "meta" and v.numel() == 1:  # a real run's scalar
         return v.item()
     raise NoConcreteValue(f"a value of type {type(v).__name__} is not known while tracing")
+
+
+# How the Python code used a traced value, as recorded in gm.meta["prunefx"]["decisions"], and what it got from it.
+# int() is not among them: its result enters the graph as a literal, which the rules account for like any literal
+# channel count (a reshape argument is rewritten or its channels frozen).
+USES: dict[str, tuple[str, Callable[[Any], Any]]] = {
+    "condition": ("a Python condition", bool),
+    "index": ("an index or range()", operator.index),
+    "float": ("float()", float),
+    "len": ("len() of or iteration over the tensor", len),
+}
+
+
+class SizeDecision:
+    """A Python decision the trace took on sizes: which tensors' sizes it reads, and its outcome at other sizes."""
+
+    def __init__(self, node: fx.Node, use: str, value_of: Callable[[fx.Node], Any]) -> None:
+        self.node, self.use, self.value_of = node, use, value_of
+        self.reads: list[fx.Node] = []  # tensors whose sizes the decision reads, in the order met
+        self.chain: list[fx.Node] = []  # the size arithmetic between them and the decision, in graph order
+        # Post-order walk back through non-tensor values (sizes, bools, shapes) to the tensors they were read from.
+        # A node that is not plain arithmetic (a leaf returning a number) or holds tensors is taken as a constant.
+        visited: set[fx.Node] = set()
+        stack = [(node, False)]
+        while stack:
+            n, done = stack.pop()
+            if done:
+                self.chain.append(n)  # every input is finished by now: the stack is a DFS of a DAG
+                continue
+            if n in visited:
+                continue
+            visited.add(n)
+            v = value_of(n)
+            if isinstance(v, torch.Tensor):
+                self.reads.append(n)
+                continue
+            if n.op not in ("call_function", "call_method") or any(isinstance(x, torch.Tensor) for x in tree_leaves(v)):
+                continue
+            stack.append((n, True))
+            stack.extend((a, False) for a in reversed(n.all_input_nodes) if a not in visited)
+
+    def outcome(self, shapes: dict[fx.Node, tuple[int, ...]] | None = None) -> Any:
+        """What the decision gives when the tensors in ``shapes`` have those shapes (the rest as traced)."""
+        env: dict[fx.Node, Any] = {}
+        for n in self.reads:
+            v = self.value_of(n)
+            env[n] = torch.empty(shapes[n], dtype=v.dtype, device="meta") if shapes and n in shapes else v
+        load = lambda a: fx.node.map_arg(a, lambda x: env[x] if x in env else self.value_of(x))  # noqa: E731
+        for n in self.chain:
+            args, kwargs = load(n.args), load(n.kwargs)
+            if n.op == "call_function":
+                env[n] = n.target(*args, **kwargs)
+            else:
+                env[n] = getattr(args[0], n.target)(*args[1:], **kwargs)
+        return USES[self.use][1](env[self.node] if self.node in env else self.value_of(self.node))

@@ -32,7 +32,7 @@ import torch.fx.config
 from torch import nn
 from torch.utils._pytree import tree_map
 
-from prunefx.capture.trace import META_KEY, training_mode
+from prunefx.capture.trace import META_KEY, quote_targets, targets_quoted, training_mode
 from prunefx.capture.values import VALUE_KEY
 from prunefx.errors import TraceFailure
 
@@ -151,7 +151,8 @@ def export_graph(
                 "or capture='fx' (symbolic tracing with automatic leaves)"
             ) from exc
     sys.stderr.write(printed.getvalue())  # a successful export's warnings are the user's to see
-    gm = ep.module()
+    with targets_quoted():  # a submodule named 'a"b': the unlifted module's code quotes it
+        gm = ep.module()
     for name in ("train", "eval"):  # export forbids mode switches on its module; the graph itself is mode-free
         gm.__dict__.pop(name, None)
     gm._forward_pre_hooks.clear()  # the check of the original call signature: the graph takes the tensors only
@@ -163,6 +164,7 @@ def export_graph(
         elif node.op == "call_module" and node.target == "_guards_fn":
             graph.erase_node(node)  # export's input-shape guards: this graph only ever sees these shapes
     graph._codegen = fx.graph.CodeGen()  # plain positional inputs, flat outputs
+    quote_targets(graph)
     _inline_wrappers(gm)
     for node in graph.nodes:
         if node.op == "get_attr":

@@ -10,6 +10,10 @@ What plain ``torch.fx.symbolic_trace`` lacks and this tracer adds:
 - ``len()`` / ``list()`` / iteration over ``chunk(n)`` and ``split([sizes])`` results (known arity);
 - leaf modules: a registry users extend by type (:func:`register_leaf`), and an automatic fallback that
   makes a submodule whose forward cannot be traced a leaf, retries, and records which and why;
+- Python decisions on sizes (``if x.size(1) != c:``, ``range(x.shape[1])``) follow the example inputs
+  (:mod:`prunefx.capture.concrete`); those that read a size into Python are recorded with the node they read
+  (``gm.meta["prunefx"]["decisions"]``), so the analysis freezes the channels whose pruning would change them;
+- submodule names that are no Python identifiers (``a"b``, ``if``) are quoted in the generated code;
 - a failure that no leaf can fix (tensor-valued control flow in the root forward) raises
   :class:`TraceFailure` naming the source line and the fixes.
 The model is never modified; ``training`` flags changed for tracing are restored.
@@ -17,11 +21,14 @@ The model is never modified; ``training`` flags changed for tracing are restored
 
 from __future__ import annotations
 
+import ast
 import inspect
+import keyword
 import linecache
 import operator
 import sys
 import traceback
+import unicodedata
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from types import ModuleType
@@ -30,7 +37,8 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch import nn
-from torch.fx.graph import _PyTreeCodeGen, _PyTreeInfo
+from torch.fx import graph as fx_graph
+from torch.fx.graph import CodeGen, _PyTreeCodeGen, _PyTreeInfo
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from prunefx import _plugins
@@ -130,14 +138,14 @@ class _Sizes:
             )
         return n
 
-    def __int__(self) -> int:  # int(x.shape[1] / 2), math.ceil(...) on sizes: the example inputs decide
+    def __int__(self) -> int:  # int(x.shape[1] / 2) on sizes: the example inputs decide
         return int(self.tracer.concrete_number(self, "int()"))
 
-    def __float__(self) -> float:  # math.sqrt(num_tokens)
-        return float(self.tracer.concrete_number(self, "float()"))
+    def __float__(self) -> float:  # math.sqrt(num_tokens), math.ceil(...)
+        return float(self.tracer.concrete_number(self, "float()", "float"))
 
     def __index__(self) -> int:  # range(x.shape[0]), a size used as a list index
-        return int(self.tracer.concrete_number(self, "an index"))
+        return int(self.tracer.concrete_number(self, "an index", "index"))
 
     @property  # type: ignore[misc]
     def __class__(self) -> type:
@@ -175,6 +183,8 @@ class PrunefxTracer(fx.Tracer):
         self.example_inputs = tuple(example_inputs)
         self._concrete: ConcreteValues | None = None
         self.specialised: dict[str, Any] = {}  # "file:line" -> the value a Python decision on sizes took
+        # the decisions that read a traced value into Python, with the node read (concrete.USES names the uses)
+        self.decisions: list[dict[str, Any]] = []
         self.leaf_names = set(leaf_names)
         self._stack: list[str] = []
         self.failed_in: str | None = None  # innermost traced (non-leaf) module whose forward raised
@@ -216,29 +226,36 @@ class PrunefxTracer(fx.Tracer):
             self._concrete = ConcreteValues(self.root, self.example_inputs)
         return self._concrete.value(self.graph, obj.node)
 
-    def _record(self, value: Any) -> None:
+    def _record(self, value: Any, obj: fx.Proxy | None = None, use: str | None = None) -> None:
+        """Note the decision at the innermost model line; ``use`` (a key of concrete.USES): one the analysis checks."""
         frame = sys._getframe(2)
         while frame is not None and (frame.f_code.co_filename.startswith(_TORCH_DIR) or
                                      frame.f_code.co_filename == __file__):
             frame = frame.f_back
-        if frame is not None:
-            self.specialised[f"{frame.f_code.co_filename}:{frame.f_lineno}"] = value
+        if frame is None:
+            return
+        file, line = frame.f_code.co_filename, frame.f_lineno
+        self.specialised[f"{file}:{line}"] = value
+        if use is not None and obj is not None:
+            code = linecache.getline(file, line, frame.f_globals).strip()
+            self.decisions.append({"node": obj.node.name, "use": use, "at": f"{file}:{line}", "code": code,
+                                   "value": value})
 
     def to_bool(self, obj: fx.Proxy) -> bool:
         try:
             value = bool(as_number(self._value(obj)))
         except NoConcreteValue:
             return super().to_bool(obj)  # a condition on tensor data: the original TraceError
-        self._record(value)
+        self._record(value, obj, "condition")
         return value
 
-    def concrete_number(self, obj: fx.Proxy, what: str) -> Any:
+    def concrete_number(self, obj: fx.Proxy, what: str, use: str | None = None) -> Any:
         try:
             value = as_number(self._value(obj))
         except NoConcreteValue as exc:
             node = obj.node.format_node()
             raise fx.proxy.TraceError(f"{what} of '{node}' is not known while tracing: {exc}") from exc
-        self._record(value)
+        self._record(value, obj, use)
         return value
 
     def concrete_class(self, obj: fx.Proxy) -> type:
@@ -259,7 +276,7 @@ class PrunefxTracer(fx.Tracer):
             self._record(len(value))
             return len(value)
         if isinstance(value, torch.Tensor) and value.dim() > 0:  # rows of a tensor (per image of a batch)
-            self._record(value.shape[0])
+            self._record(value.shape[0], obj, "len")
             return value.shape[0]
         return None
 
@@ -337,6 +354,87 @@ class PrunefxTracer(fx.Tracer):
             return root_fn(root, *args)
 
         return bound, [self.root]
+
+
+def _attribute_name(part: str) -> bool:
+    """``part`` can be written ``obj.part`` in generated code (and names the attribute it spells)."""
+    return part.isidentifier() and not keyword.iskeyword(part) and unicodedata.normalize("NFKC", part) == part
+
+
+def _format_target_quoted(base: str, target: str) -> str:
+    """fx's module path in generated code, with each name that is no attribute name quoted by repr."""
+    for part in target.split("."):
+        base = f"{base}.{part}" if _attribute_name(part) else f"getattr({base}, {part!r})"
+    return base
+
+
+def _fx_cannot_write(target: str) -> bool:
+    """torch.fx's code for ``target`` (``self.part`` or ``getattr(self, "part")``) does not name it."""
+    for part in target.split("."):
+        if part.isidentifier():
+            if not _attribute_name(part):  # self.if, or a name Python normalises to another
+                return True
+            continue
+        try:
+            if ast.literal_eval(f'"{part}"') != part:  # a backslash escape
+                return True
+        except (SyntaxError, ValueError):  # a quote or a line break ends the literal
+            return True
+    return False
+
+
+@contextmanager
+def targets_quoted() -> Iterator[None]:
+    """While the block runs, torch.fx's code generation quotes names that are not attribute names by repr."""
+    plain = getattr(fx_graph, "_format_target", None)
+    if plain is None:  # another torch.fx: its own formatting (trace() names the module if it fails)
+        yield
+        return
+    fx_graph._format_target = _format_target_quoted
+    try:
+        yield
+    finally:
+        fx_graph._format_target = plain
+
+
+class _QuotedTargets:
+    """Code generation that quotes module and attribute names properly.
+
+    fx writes ``getattr(self, "a"b")`` for a submodule named ``a"b`` (a SyntaxError), ``getattr(self, "e\f")`` for
+    ``e\f`` (another name) and ``self.if`` for ``if``. The graph keeps the user's names, so its nodes still name the
+    model's modules; only the generated source differs. Carried by the graph (copies and recompiles keep it).
+    """
+
+    def _gen_python_code(self, *args: Any, **kwargs: Any) -> Any:
+        with targets_quoted():
+            return super()._gen_python_code(*args, **kwargs)
+
+
+class _QuotedCodeGen(_QuotedTargets, CodeGen):
+    pass
+
+
+class _QuotedPyTreeCodeGen(_QuotedTargets, _PyTreeCodeGen):
+    pass
+
+
+def quote_targets(graph: fx.Graph) -> None:
+    """Make ``graph``'s generated code valid for module and attribute names that are not Python identifiers."""
+    odd = any(_fx_cannot_write(str(n.target)) for n in graph.nodes if n.op in ("call_module", "get_attr"))
+    quoted = {CodeGen: _QuotedCodeGen, _PyTreeCodeGen: _QuotedPyTreeCodeGen}.get(type(graph._codegen))
+    if odd and quoted is not None:
+        graph._codegen.__class__ = quoted  # same state (a pytree spec), quoted targets
+
+
+def _odd_names_failure(model: nn.Module, graph: fx.Graph, exc: Exception) -> TraceFailure:
+    """The error when torch.fx cannot generate code for the module names in the graph."""
+    odd = sorted({str(n.target) for n in graph.nodes
+                  if n.op in ("call_module", "get_attr") and _fx_cannot_write(str(n.target))})
+    return TraceFailure(
+        f"cannot trace {type(model).__name__}: torch.fx cannot write code for the submodule name(s) "
+        f"{', '.join(map(repr, odd[:3]))} ({type(exc).__name__}: {exc}); register the submodule under a name that is "
+        "a Python identifier (add_module('a_b', ...) instead of add_module('a\"b', ...))"
+    )
 
 
 @contextmanager
@@ -465,16 +563,21 @@ def trace(
                     ) from exc
                 auto[culprit] = f"{type(exc).__name__} at {where}"
         # inside the block: tensor constants fx stowed on the root (_tensor_constant0) are removed on leaving it
-        gm = fx.GraphModule(tracer.root, graph, type(model).__name__)
+        quote_targets(graph)
+        try:
+            gm = fx.GraphModule(tracer.root, graph, type(model).__name__)
+        except SyntaxError as exc:  # a name the quoting could not help (another torch.fx's code generation)
+            raise _odd_names_failure(model, graph, exc) from exc
     own = {
         n for n, _ in (*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False))
     }
     lifted = sorted(n for n, _ in gm.named_buffers() if n not in own)  # torch.tensor(...) constants in forward
     gm.meta[META_KEY] = {
         "auto_leaves": auto, "training": training, "lifted_constants": lifted, "specialised": tracer.specialised,
-        "capture": "fx",
+        "decisions": tracer.decisions, "capture": "fx",
     }
     return gm
 
 
-__all__ = ["trace", "register_leaf", "register_leaf_function", "PrunefxTracer", "training_mode", "module_state_kept"]
+__all__ = ["trace", "register_leaf", "register_leaf_function", "PrunefxTracer", "training_mode", "module_state_kept",
+           "quote_targets", "targets_quoted"]

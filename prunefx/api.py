@@ -18,17 +18,19 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Sequence
+import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 from torch import nn
 
+from prunefx._config import from_dict
 from prunefx.analysis import DependencyGraph, analyze
 from prunefx.analysis.parts import PartialCapture, check_inputs
-from prunefx.errors import VerificationError
-from prunefx.importance import Scores, score
+from prunefx.errors import TiedScoresWarning, VerificationError
+from prunefx.importance import Scores, score, ties_at_cut
 from prunefx.metrics import Deployment, compare_latency
 from prunefx.metrics.latency_table import LatencyTable
 from prunefx.plan import CostModel, GroupPlan, PlanConfig, PlanError, PruningPlan, make_plan
@@ -52,6 +54,7 @@ class PruneResult:
     compensation: Compensation | None = None
     latency: LatencyOutcome | None = None  # a latency target's rounds: planned vs measured, re-plans
     frozen_by_check: tuple[tuple[int, str], ...] = ()  # (group id, reason): groups that failed the oracle
+    warnings: tuple[str, ...] = ()  # what prune() warned about (tied scores at the cut), for a CLI or report to show
 
     @property
     def parts(self) -> PartialCapture | None:
@@ -62,7 +65,7 @@ class PruneResult:
 def prune(
     model: nn.Module,
     example_inputs: Sequence[Any] | torch.Tensor,
-    config: PlanConfig | None = None,
+    config: PlanConfig | Mapping[str, Any] | None = None,
     *,
     criterion: str = "bn_scale",
     check: bool = True,
@@ -74,7 +77,7 @@ def prune(
 ) -> PruneResult:
     """Prune ``model`` in place to ``config``'s target and (with ``check``) verify it against the masked original.
 
-    ``config`` defaults to ``PlanConfig()``: keep half the FLOPs.
+    ``config`` defaults to ``PlanConfig()``: keep half the FLOPs; a mapping of its fields (``{"flops": 0.5}``) works.
 
     ``bias_compensation`` (default: on for ``bn_scale``) folds the removed channels' mean contribution
     into their consumers first; the oracle then checks against the equally compensated original.
@@ -88,6 +91,8 @@ def prune(
     ``PruneResult.latency`` says how it went: plans, predicted and measured fractions, the miss and its side).
     ``score_kwargs`` go to :func:`prunefx.importance.score` (``fallback``, ``calibration``, ``loss_fn``, ``seed``).
     Raises :class:`VerificationError` (model untouched) when no plan to the target passes the oracle.
+    When the cut falls among (near-)tied scores (a fresh or zeroed BatchNorm's gammas), a
+    :class:`~prunefx.errors.TiedScoresWarning` says so and ``PruneResult.warnings`` keeps it.
 
     When the model's own forward cannot be captured (tensor-dependent Python control flow in it), the largest
     submodules that can be are pruned with their boundaries frozen (:mod:`prunefx.analysis.parts`): one joint plan
@@ -98,7 +103,7 @@ def prune(
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
     example_inputs = tuple(example_inputs)
-    config = config or PlanConfig()  # its default target: plan.config.DEFAULT_TARGET
+    config = _plan_config(config)
     if bias_compensation is None:
         bias_compensation = criterion == "bn_scale"
     dg = analyze(model, example_inputs, capture=capture)
@@ -155,11 +160,34 @@ def prune(
     if check:
         trial = _Trial(model, example_inputs, config, bias_compensation)
         dg, plan, verified = _checked_plan(trial, dg, plan, replan)
+    said = _warn_ties(scores, plan)
     compensation = compensate(model, dg, plan, example_inputs) if bias_compensation else None
     pruned = apply_plan(model, dg, plan, graph_rewrite=config.graph_rewrite)
     if check:
         trial.assert_same(pruned)
-    return PruneResult(pruned, plan, dg, scores, verified, compensation, outcome, dg.frozen_by_check)
+    return PruneResult(pruned, plan, dg, scores, verified, compensation, outcome, dg.frozen_by_check, said)
+
+
+def _plan_config(config: Any) -> PlanConfig:
+    """``config`` as a PlanConfig: None is the default target, a mapping is checked field by field."""
+    if config is None:
+        return PlanConfig()  # its default target: plan.config.DEFAULT_TARGET
+    if isinstance(config, PlanConfig):
+        return config
+    if isinstance(config, Mapping):  # unknown keys refused with the closest spelling, values converted and checked
+        return from_dict(PlanConfig, config, "config", error=PlanError)
+    raise PlanError(f"config must be a prunefx.PlanConfig or a mapping of its fields, got {type(config).__name__} "
+                    f"{config!r}; write e.g. PlanConfig(flops=0.5) or {{'flops': 0.5}} (keep half the FLOPs)")
+
+
+def _warn_ties(scores: Scores, plan: PruningPlan) -> tuple[str, ...]:
+    """Warn (TiedScoresWarning) when the plan cuts among tied scores; the warnings, for ``PruneResult``."""
+    ties = ties_at_cut(scores, {gp.group: gp.keep for gp in plan.groups})
+    if ties is None:
+        return ()
+    message = ties.message()
+    warnings.warn(message, TiedScoresWarning, stacklevel=3)  # at the caller of prune()
+    return (message,)
 
 
 _BUDGET_S = 15.0  # seconds of timed forwards per model per latency measurement (fewer repeats for slow models)
@@ -216,10 +244,10 @@ def _checked_plan(
             return dg, plan, result
         if not plan.pruned:
             break
-        culprits = _localise(trial, dg, plan, result)
+        culprits, found = _localise(trial, dg, plan, result)
         if not culprits:
             break
-        dg = dg.with_frozen(tuple((g, _reason(dg, g, why)) for g, why in culprits))
+        dg = dg.with_frozen(tuple((g, f"{_reason(dg, g, why)}; {found}") for g, why in culprits))
         plan = replan(dg)
         result = trial(dg, plan)
     if _ok(result):
@@ -260,27 +288,37 @@ def _restrict(plan: PruningPlan, groups: set[int]) -> PruningPlan:
     ))
 
 
-def _localise(trial: _Trial, dg: DependencyGraph, plan: PruningPlan, failed: Any) -> list[tuple[int, str]]:
-    """Groups whose pruning makes the check fail (``failed``: what the whole plan's trial said).
+def _localise(
+    trial: _Trial, dg: DependencyGraph, plan: PruningPlan, failed: Any
+) -> tuple[list[tuple[int, str]], str]:
+    """Groups whose pruning makes the check fail (``failed``: the whole plan's trial) and how they were found.
 
-    Bisection on prefixes of the plan's units: the shortest failing prefix ends with a culprit. It is set aside,
-    and while the remaining units still fail together the search repeats on them. Returns (group id, what the
-    failing trial said) for each group of each culprit unit.
+    Binary search over prefixes of the plan's n units (groups joined by equal-count ties): the shortest failing
+    prefix ends with a culprit. It is set aside; if the remaining units still fail together, the search goes on
+    from where it stopped, since the prefix before the culprit passed. k culprits take at most
+    1 + k * (ceil(log2 n) + 1) oracle runs: one with nothing pruned, at most ceil(log2 n) per search, one per culprit
+    to see whether the rest still fails. Returns (group id, what the failing trial said) for each group of each
+    culprit unit, and "found in r of at most b oracle runs (...)".
     """
+    runs = trial.runs
     nothing = trial(dg, _restrict(plan, set()))
     if not _ok(nothing):  # the oracle cannot judge this model at all: freezing groups would not help
         raise VerificationError(
-            f"{dg.model_name}: the check fails even with nothing pruned ({_why(nothing)}); the model is not "
-            "deterministic or does not run on these inputs in eval mode. The model was not changed."
+            f"{dg.model_name}: the check fails even with nothing pruned ({_why(nothing)}); "
+            + ("" if getattr(nothing, "problems", ()) else  # the oracle named what it could not compare
+               "the model is not deterministic or does not run on these inputs in eval mode; ")
+            + "the model was not changed."
         )
 
     def fails(units: list[list[int]]) -> Any:
         r = trial(dg, _restrict(plan, {g for u in units for g in u}))
         return None if _ok(r) else r
 
-    pool, culprits, why_all = _units(dg, plan), [], failed
-    while pool and len(culprits) < _MAX_CULPRITS:
-        lo, hi, why = 1, len(pool), why_all
+    pool: list[list[int]] = _units(dg, plan)
+    n, found, why_all = len(pool), [], failed
+    passed = 0  # pool[:passed] is known to pass (nothing pruned, at first)
+    while why_all is not None and len(found) < _MAX_CULPRITS:
+        lo, hi, why = passed + 1, len(pool), why_all  # the shortest failing prefix has length in [lo, hi]
         while lo < hi:
             mid = (lo + hi) // 2
             r = fails(pool[:mid])
@@ -288,12 +326,17 @@ def _localise(trial: _Trial, dg: DependencyGraph, plan: PruningPlan, failed: Any
                 lo = mid + 1
             else:
                 hi, why = mid, r
-        culprits += [(g, _why(why)) for g in pool[lo - 1]]
-        pool = pool[: lo - 1] + pool[lo:]
-        why_all = fails(pool) if pool else None
-        if why_all is None:
-            break
-    return culprits
+        found.append((pool[lo - 1], why))
+        pool, passed = pool[: lo - 1] + pool[lo:], lo - 1
+        why_all = fails(pool) if len(pool) > passed else None  # a pool that is the passing prefix passes
+    k, bound = len(found), 1 + len(found) * (_ceil_log2(n) + 1)
+    culprits = [(g, _why(why)) for unit, why in found for g in unit]
+    return culprits, (f"found in {trial.runs - runs} of at most {bound} oracle runs "
+                      f"(1 + k*(ceil(log2 n)+1), k={k} failing of n={n} pruned units)")
+
+
+def _ceil_log2(n: int) -> int:
+    return max(n - 1, 0).bit_length()
 
 
 def _reason(dg: DependencyGraph, gid: int, why: str) -> str:

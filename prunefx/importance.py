@@ -249,6 +249,83 @@ def _lookup(name: str) -> Criterion:
     return CRITERIA[name]
 
 
+# ---- ties at the cut -----------------------------------------------------------------------------
+
+NEAR = 0.01  # a score within 1% of the cut boundary cannot be told from it
+CROWDED = 0.25  # a group is tied when this fraction of its channels sits that close (two by chance are not a tie)
+TIED = 0.10  # warn when the tied groups' close channels are this fraction of the planned channels
+DEAD = 1e-3  # a boundary below this fraction of its group's largest score cuts dead channels among dead ones
+TIE_FIX = ("train the model first or load its trained weights (a fresh BatchNorm's gammas are all 1), or use "
+           "another criterion: l1 / l2 (weights) or a calibration-based one (criterion='taylor' with "
+           "calibration=[(x, y)] and loss_fn, or criterion='activation' with calibration=[x])")
+
+
+@dataclass(frozen=True)
+class Ties:
+    """Channels a cut chose by position: kept and cut ones whose scores cannot be told apart."""
+
+    criterion: str
+    groups: int  # pruned groups where CROWDED of the channels, a kept one among them, score within NEAR of the cut
+    pruned: int  # groups the cut removes channels from
+    zero: int  # of ``groups``, those whose every score is 0
+    channels: int  # channels of those groups within NEAR of their group's boundary (all of an all-zero group)
+    total: int  # channels of every planned group
+    boundary: float  # the median boundary of the tied groups that are not all 0
+
+    def message(self, fix: str = TIE_FIX) -> str:
+        """The warning in one line: the criterion, how many groups and channels are tied, and ``fix``."""
+        if self.zero == self.groups:
+            how = f"every score of those groups is 0 ({self.channels} of {self.total} channels)"
+        else:
+            zero = f", {self.zero} of them all 0" if self.zero else ""
+            how = (f"{self.channels} of {self.total} channels score within {NEAR:.0%} of their group's cut "
+                   f"(median {self.boundary:.4g}){zero}")
+        return (f"the channel scores ({self.criterion}) are (near-)tied at the cut in {self.groups} of {self.pruned} "
+                f"pruned group(s): {how}, so the plan cuts among them by position, not importance, and the cut may "
+                f"cost most of the accuracy; {fix}")
+
+
+def ties_at_cut(scores: Scores | Mapping[int, np.ndarray], kept: Mapping[int, Sequence[int]],
+                criterion: str | None = None) -> Ties | None:
+    """The cut's ties when at least TIED of the planned channels are tied, else None.
+
+    ``kept``: group id -> the channel indices a plan keeps, for every planned group (``{g.group: g.keep for g in
+    plan.groups}``). A group's boundary is the highest score it cuts; it is tied when CROWDED of its channels, a
+    kept one among them, score within NEAR of it, or when every score is 0. A boundary near 0 beside live channels
+    is not a tie: dead channels are cut among dead ones, whichever go.
+    """
+    if isinstance(scores, Scores):
+        criterion = criterion or scores.criterion
+        scores = scores.values
+    groups = pruned = zero = channels = total = 0
+    boundaries = []
+    for gid, keep in kept.items():
+        values = np.asarray(scores[gid], dtype=np.float64)
+        total += len(values)
+        cut = np.ones(len(values), dtype=bool)
+        cut[list(keep)] = False
+        if not cut.any():
+            continue
+        pruned += 1
+        top, boundary = float(np.abs(values).max()), float(values[cut].max())
+        if top == 0.0:  # all-zero scores (zeroed gammas): nothing ranks the channels at all
+            near = np.ones(len(values), dtype=bool)
+            zero += 1
+        elif abs(boundary) <= DEAD * top:
+            continue
+        else:
+            near = np.abs(values - boundary) <= NEAR * abs(boundary)
+            if not near[~cut].any() or near.sum() < CROWDED * len(values):
+                continue
+            boundaries.append(boundary)
+        groups += 1
+        channels += int(near.sum())
+    if not groups or channels < TIED * total:
+        return None
+    median = float(np.median(boundaries)) if boundaries else 0.0
+    return Ties(criterion or "custom", groups, pruned, zero, channels, total, median)
+
+
 # ---- criteria ------------------------------------------------------------------------------------
 
 

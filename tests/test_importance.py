@@ -220,3 +220,27 @@ def test_resnet_groups_are_scored_by_batchnorm():
     for crit in ("l1", "l2"):
         v = score(model, dg, crit).values
         assert all(np.isfinite(v[g.id]).all() and v[g.id].shape == (g.channels,) for g in dg.prunable)
+
+
+def _ties(values, kept):
+    scores = {g: np.asarray(v, dtype=np.float64) for g, v in enumerate(values)}
+    return importance.ties_at_cut(scores, dict(enumerate(kept)), "bn_scale")
+
+
+def test_ties_at_the_cut_are_found_from_scores_and_kept_channels():
+    ones = _ties([np.ones(8), np.ones(8)], [range(4), range(8)])  # group 1 is planned but not cut
+    assert (ones.groups, ones.pruned, ones.zero, ones.channels, ones.total, ones.boundary) == (1, 1, 0, 8, 16, 1.0)
+    assert "(bn_scale) are (near-)tied at the cut in 1 of 1 pruned group(s): 8 of 16 channels" in ones.message()
+    zeros = _ties([np.zeros(8)], [range(2)])
+    assert (zeros.groups, zeros.zero, zeros.channels) == (1, 1, 8)
+    assert "every score of those groups is 0 (8 of 8 channels)" in zeros.message("fix it")
+    assert zeros.message("fix it").endswith("; fix it")
+    # the kept 0.502 and 0.504 are within 1% of the cut 0.500: three of ten channels cannot be told apart
+    near = [0.1, 0.2, 0.3, 0.4, 0.5, 0.502, 0.504, 0.8, 0.9, 1.0]
+    assert _ties([near], [range(5, 10)]).channels == 3
+    assert _ties([near, np.linspace(1, 2, 30)], [range(5, 10), range(30)]) is None  # 3 of 40 channels: under 10%
+    pair = [0.1, 0.2, 0.3, 0.4, 0.5, 0.504, 0.6, 0.7, 0.8, 1.0]
+    assert _ties([pair], [range(5, 10)]) is None  # one close pair in ten channels: chance, not a tie
+    assert _ties([np.linspace(0.1, 1.0, 10)], [range(5, 10)]) is None  # distinct scores
+    assert _ties([[0, 0, 0, 0, 1, 2, 3, 4]], [range(4, 8)]) is None  # dead channels cut among dead ones
+    assert _ties([np.ones(8)], [range(8)]) is None  # nothing cut

@@ -317,3 +317,51 @@ def test_a_mode_the_original_cannot_run_is_not_held_against_the_pruned_model():
     original, _, plan = _prune(model, x, PlanConfig(ratio=0.3))
     result = verify(original, model, plan, x)
     assert result.ok and result.runs_train and "train mode not checked" in result.message
+
+
+def _bn_net(gammas: torch.Tensor) -> nn.Module:
+    """conv-BN-ReLU twice, then a classifier: two groups, both scored by bn_scale from ``gammas``."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                          nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4)).eval()
+    with torch.no_grad():
+        for bn in (model[1], model[4]):
+            bn.weight.copy_(gammas)
+    return model
+
+
+@pytest.mark.parametrize("gamma", [0.0, 1.0])  # zeroed gammas, and a fresh BatchNorm's
+def test_tied_gammas_are_warned_and_kept_in_the_result(gamma):
+    from prunefx.errors import TiedScoresWarning
+    from prunefx.pipeline.diagnose import score_warnings
+
+    with pytest.warns(TiedScoresWarning) as record:
+        result = prunefx.prune(_bn_net(torch.full((8,), gamma)), torch.randn(2, 3, 8, 8), PlanConfig(flops=0.5))
+    (warning,) = [w for w in record if issubclass(w.category, TiedScoresWarning)]
+    message = str(warning.message)
+    assert warning.filename == __file__  # it points at the caller of prune()
+    assert result.warnings == (message,) and result.plan.pruned
+    assert "channel scores (bn_scale) are (near-)tied at the cut in 2 of 2 pruned group(s)" in message
+    assert "train the model first" in message and "criterion='taylor'" in message
+    assert ("every score of those groups is 0" in message) == (gamma == 0.0)
+    (run,) = score_warnings(result, "bn_scale", None)  # the pipelines' warning is the same test
+    assert "in 2 of 2 pruned group(s)" in run and "train with sparsity first" in run
+
+
+def test_distinct_gammas_are_not_warned():
+    import warnings
+
+    from prunefx.errors import TiedScoresWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TiedScoresWarning)
+        result = prunefx.prune(_bn_net(torch.linspace(0.1, 1.0, 8)), torch.randn(2, 3, 8, 8), PlanConfig(flops=0.5))
+    assert result.plan.pruned and result.warnings == ()
+
+
+def test_a_mapping_is_read_as_a_plan_config():
+    x = torch.randn(2, 3, 8, 8)
+    given = prunefx.prune(_bn_net(torch.linspace(0.1, 1.0, 8)), x, {"flops": "0.6", "round_to": 2})
+    typed = prunefx.prune(_bn_net(torch.linspace(0.1, 1.0, 8)), x, config=PlanConfig(flops=0.6, round_to=2))
+    assert given.plan.to_dict() == typed.plan.to_dict() and given.plan.pruned

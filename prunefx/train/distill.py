@@ -32,6 +32,14 @@ class DistillConfig:
         if self.temperature <= 0 or self.weight < 0:
             raise ConfigError(f"distillation needs distill_temperature > 0 and distill_weight >= 0, got {self}")
 
+    def check_share(self, where: str = "distill_weight") -> DistillConfig:
+        """This config, refused unless ``weight`` is a share in [0, 1], as classification's blend needs."""
+        if not 0.0 <= self.weight <= 1.0:  # (1 - weight) * CE: above 1 the loss rewards wrong labels
+            raise ConfigError(f"{where} must be in [0, 1] for classification (the loss is (1 - w) * CE + w * KD, "
+                              f"so w > 1 makes the cross-entropy term negative), got {self.weight:g}; "
+                              "e.g. 0.5 weighs them equally")
+        return self
+
 
 def logits_kd(student: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
     """T^2 * KL(softmax(teacher / T) || softmax(student / T)), averaged over the batch."""

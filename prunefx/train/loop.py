@@ -217,8 +217,8 @@ def fit(model: nn.Module, train: Dataset, cfg: TrainConfig, *, val: Dataset | No
     distils (``distill``, default :class:`DistillConfig`); every rank runs its own copy.
     """
     if teacher is not None:
+        distill = (distill or DistillConfig()).check_share("distill.weight")  # before any work
         teacher = teacher.to(dist.device).eval().requires_grad_(False)
-        distill = distill or DistillConfig()
     model.to(dist.device)
     module = model
     if dist.distributed:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 import torch
 from torch import nn
 
+from prunefx._config import ConfigError
 from prunefx.pipeline.config import PruneSpec
 from prunefx.train.distill import DetectDistillLoss, DistillConfig, classification_loss, logits_kd
 
@@ -75,3 +79,26 @@ def test_yolo_output_kd_adds_a_term_to_ultralytics_loss() -> None:
     total.sum().backward()
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in student.model[-1].parameters())
     assert hasattr(wrapped, "update") == hasattr(base, "update")  # the trainer's per-epoch call reaches the task loss
+
+
+def test_a_distill_weight_outside_0_1_is_refused_for_classification(tmp_path) -> None:
+    from prunefx.data.classification import TensorSplit
+    from prunefx.pipeline.backends.classify import ClassifyJob
+    from prunefx.pipeline.config import load_config
+    from prunefx.train import TrainConfig, fit
+
+    digits = Path(__file__).resolve().parents[2] / "configs" / "digits_cnn.yaml"
+    message = r"prune\.finetune\.distill_weight must be in \[0, 1\] for classification \(the loss is \(1 - w\) \* CE"
+    with pytest.raises(ConfigError, match=message + r".*got 5;"):
+        ClassifyJob.from_config(load_config(digits, [f"project={tmp_path}", "prune.finetune.distill_weight=5"]))
+    job = ClassifyJob.from_config(load_config(digits, [f"project={tmp_path}", "prune.finetune.distill_weight=1"]))
+    assert job.prune.finetune.distill_config.weight == 1.0  # all KD: the edge of the range
+    # YOLO adds weight x KD to the task loss: any multiplier >= 0 is meaningful there
+    assert PruneSpec.parse({"finetune": {"distill_weight": 5}}, train_keys=set()).finetune.distill_config.weight == 5
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 4))
+    data = TensorSplit(torch.randn(8, 1, 8, 8), torch.zeros(8, dtype=torch.long))
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(ConfigError, match=r"distill\.weight must be in \[0, 1\] for classification .* got 1\.5;"):
+        fit(model, data, TrainConfig(epochs=1, batch=8, augment=()), log=lambda _: None,
+            teacher=nn.Sequential(nn.Flatten(), nn.Linear(64, 4)), distill=DistillConfig(weight=1.5))
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before, strict=True))  # refused before a step

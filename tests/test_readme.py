@@ -91,6 +91,7 @@ NOT_RUN = (
     (("pip", "install"), "installs packages"),
     (("ruff", "check"), "lints the repository (the CI command, checked against .ci/run)"),
     (("python", "-m", "pytest"), "runs the test suite (the CI command, checked against .ci/run)"),
+    (("python", "-m", "build"), "builds the sdist and the wheel (as .ci/wheel_smoke.sh does)"),
 )
 TIMING = ("--latency", "--latency-target")  # options that time real forwards: minutes on 2 cores
 

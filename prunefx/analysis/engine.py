@@ -11,6 +11,7 @@ The engine owns the atom table and the records a rewrite needs later:
 
 from __future__ import annotations
 
+import linecache
 import operator
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,12 +22,13 @@ import torch.fx as fx
 from torch import nn
 
 from prunefx.analysis.atoms import AtomTable
-from prunefx.analysis.labels import Lab, SizeRef
+from prunefx.analysis.labels import Lab, ScalarRef, SizeRef, size_sources
 from prunefx.analysis.outputs import drop_keys
 from prunefx.analysis.products import Product, resolve
 from prunefx.analysis.roles import Kind, Literal, ModuleRole, ParamDim, RecordKey, Role
 from prunefx.analysis.rules._registry import RULES, OpRegistry
 from prunefx.capture.concrete import SizeDecision
+from prunefx.capture.trace import SOURCE_KEY
 from prunefx.capture.values import VALUE_KEY
 
 
@@ -165,10 +167,32 @@ class Ctx:
         for x in _flatten(what) if not isinstance(what, np.ndarray) else [what]:
             if isinstance(x, Lab):
                 x = x.atoms()
-            elif isinstance(x, SizeRef) and x.sources:  # a channel count flowing into an opaque op
+            elif isinstance(x, (SizeRef, ScalarRef)) and x.sources:  # a channel count flowing into an opaque op
                 x = np.concatenate(x.sources)
             if isinstance(x, np.ndarray):
                 self.state.atoms.freeze(x, f"{reason} ({self.where()})")
+
+    def freeze_values(self, operands: Any, only_floats: bool = False) -> None:
+        """Scalars in ``operands`` computed from channel counts are used as numbers (``x * (c ** -0.5)``, a fill
+        value): pruning would change them and no rule rewrites them, so the channels they were read from are frozen.
+        ``only_floats``: freeze only for non-int scalars (ints may be sizes the op's rule has checked)."""
+        nodes = [a for a in _flatten((operands,)) if isinstance(a, fx.Node)]
+        for a in nodes:
+            for v in _flatten(self.engine.env.get(a)):
+                if isinstance(v, ScalarRef if only_floats else (SizeRef, ScalarRef)) and v.sources:
+                    self.state.atoms.freeze(
+                        np.concatenate(v.sources),
+                        f"a number computed from this channel count (node '{a.name}') is used as a value by "
+                        f"node '{self.node.name}'{self.source()}: pruning would change it",
+                    )
+
+    def source(self) -> str:
+        """`` at file:line: `code` `` of the model line that made this node ('' when unknown)."""
+        src = self.node.meta.get(SOURCE_KEY)
+        if not src:
+            return ""
+        code = linecache.getline(src[0], src[1]).strip()
+        return f" at {src[0]}:{src[1]}" + (f": `{code}`" if code else "")
 
     def inexact(self, atoms: np.ndarray, reason: str) -> None:
         self.state.atoms.mark_inexact(atoms, f"{reason} ({self.where()})")
@@ -324,7 +348,11 @@ class Engine:
             return _container(ctx)  # tuple(...) / NamedTuple(...) / dict(...) built in forward
         if rule is None:
             return self._unknown(ctx, val)
-        return rule(ctx)
+        out = rule(ctx)
+        if any(isinstance(v, torch.Tensor) for v in _flatten(val)):
+            # unknown means loud: a float/bool computed from a channel count can only be a value here
+            ctx.freeze_values((ctx.args, dict(ctx.kwargs)), only_floats=True)
+        return out
 
     def _get_attr(self, node: fx.Node, val: Any) -> Any:
         if not isinstance(val, torch.Tensor):
@@ -386,10 +414,17 @@ def size_arith(ctx: Ctx, val: Any, labs: list[Any]) -> Any:
         if ctx.node.target in (operator.add, operator.iadd):  # (b,) + window + (-1,): keep each size's origin
             return (*labs[0], *labs[1])
     refs = [x for x in _flatten(labs) if isinstance(x, SizeRef)]
-    if isinstance(val, int) and not isinstance(val, bool) and refs:
-        sources = tuple(s for r in refs for s in r.sources)
+    scalars = [x for x in _flatten(labs) if isinstance(x, ScalarRef)]
+    if isinstance(val, int) and not isinstance(val, bool) and (refs or scalars):
+        sources = tuple(s for r in (*refs, *scalars) for s in r.sources)
+        if scalars:  # int(math.sqrt(c)): no form a rule can follow
+            return SizeRef(val, sources)
         exact = ctx.node.target in (operator.pos, int) and len(refs) == 1 and refs[0].exact
         return SizeRef(val, sources, exact, **({} if exact else _arith_form(ctx, val, labs)))
+    if isinstance(val, (float, bool, complex)):  # math.sqrt(c), c ** -0.5, c > 8: provenance kept
+        sources = tuple(s for r in (*refs, *scalars) for s in size_sources(r))
+        if sources:
+            return ScalarRef(val, sources)
     return val
 
 

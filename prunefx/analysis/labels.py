@@ -59,5 +59,21 @@ class SizeRef:
     literal: tuple[str, tuple, str, int] | None = None
 
 
+@dataclass(frozen=True, eq=False)
+class ScalarRef:
+    """A non-int scalar computed in the graph from sizes of labeled dims (``1.0 / math.sqrt(x.size(1))``).
+
+    No rule can rewrite such a value after pruning, so whatever tensor op it reaches freezes ``sources``.
+    """
+
+    value: object
+    sources: tuple[np.ndarray, ...]
+
+
+def size_sources(x: object) -> tuple[np.ndarray, ...]:
+    """Label arrays a scalar's value depends on (a SizeRef's or ScalarRef's sources; () for anything else)."""
+    return x.sources if isinstance(x, (SizeRef, ScalarRef)) else ()
+
+
 def int_value(x: object) -> object:
     return x.value if isinstance(x, SizeRef) else x

@@ -43,6 +43,8 @@ def factory(ctx) -> Lab:
     if len(sizes) != out.dim():
         ctx.freeze(sizes, "a tensor created with sizes prunefx cannot match to its dims")
         return Lab.none(out.dim())
+    if ctx.node.target in (torch.full, "new_full"):  # the fill value is a number, not a size
+        ctx.freeze_values((ctx.args[FACTORIES[ctx.node.target] + 1:], ctx.kwargs.get("fill_value")))
     dims: list[np.ndarray | None] = []
     for d, ref in enumerate(sizes):
         if isinstance(ref, SizeRef) and ref.sources:

@@ -35,7 +35,14 @@ UNARY_METHODS = (
     "requires_grad_", "bernoulli_", "uniform_", "normal_", "zero_", "fill_", "floor", "ceil", "round",
     "reciprocal", "nan_to_num", "hardtanh", "hardtanh_",
 )
-register_rule(*UNARY_MODULES, *UNARY_FUNCTIONS, *UNARY_METHODS)(passthrough)
+
+
+@register_rule(*UNARY_MODULES, *UNARY_FUNCTIONS, *UNARY_METHODS)
+def unary(ctx) -> object:
+    # clamp(x, max=c), full_like(x, c), fill_(c): a channel count in the other arguments is used as a number
+    ctx.freeze_values((ctx.args[1:], dict(ctx.kwargs)))
+    return passthrough(ctx)
+
 
 # Arithmetic between tensors (and scalars): labels of operands spanning the same dim are merged.
 BINARY = (
@@ -58,6 +65,7 @@ def binary(ctx) -> object:
         from prunefx.analysis.engine import size_arith
 
         return size_arith(ctx, ctx.out, [ctx.aval(a) for a in ctx.args])
+    ctx.freeze_values((ctx.args, dict(ctx.kwargs)))  # x * x.size(1): a channel count used as a number
     if ctx.node.target in ("type_as",):
         return ctx.lab(ctx.args[0])
     if ctx.node.target == "expand_as":

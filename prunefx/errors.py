@@ -41,6 +41,10 @@ class PrunefxWarning(UserWarning):
     """Base class of prunefx's warnings: a result to doubt, with what to do about it."""
 
 
+class RuleOverrideWarning(PrunefxWarning):
+    """``register_rule`` replaced one of prunefx's built-in op rules without ``replace=True``."""
+
+
 class TrustWarning(PrunefxWarning):
     """A file is loaded with full unpickling because the caller said it trusts it."""
 

@@ -29,6 +29,7 @@ from prunefx.analysis.labels import Lab
 from prunefx.analysis.roles import CHANNEL, IN, OUT
 from prunefx.analysis.rules import register_rule
 from prunefx.analysis.rules._algebra import weight_owner
+from prunefx.analysis.rules._context import Ctx
 from prunefx.transform.fixers import register_fixer
 
 
@@ -195,7 +196,7 @@ class PrunedShiftedWindowAttention3d(ShiftedWindowAttention3d):
         )
 
 
-def _join(ctx, a: np.ndarray | None, b: np.ndarray | None, why: str) -> None:
+def _join(ctx: Ctx, a: np.ndarray | None, b: np.ndarray | None, why: str) -> None:
     """``a`` and ``b`` index the same channels: coupled, or frozen when one side cannot be sliced."""
     if a is not None and b is not None:
         ctx.union(a, b)
@@ -205,7 +206,7 @@ def _join(ctx, a: np.ndarray | None, b: np.ndarray | None, why: str) -> None:
 
 @register_rule(tv_swin.shifted_window_attention, pruned_shifted_window_attention,
                tv_swin3d.shifted_window_attention_3d, pruned_shifted_window_attention_3d)
-def _window_attention(ctx) -> Lab:
+def _window_attention(ctx: Ctx) -> Lab:
     x, wq, wp, rpb = (ctx.arg(i, n) for i, n in enumerate(("input", "qkv_weight", "proj_weight",
                                                              "relative_position_bias")))
     num_heads = ctx.arg(5, "num_heads")
@@ -251,7 +252,7 @@ def _window_attention(ctx) -> Lab:
 
 
 @register_rule(tv_swin._get_relative_position_bias, tv_swin3d._get_relative_position_bias)
-def _relative_position_bias(ctx) -> Lab:
+def _relative_position_bias(ctx: Ctx) -> Lab:
     # table[index] -> (N, N, heads) -> (1, heads, N, N): the table's rows are looked up by relative position,
     # its columns are the heads
     table, index = ctx.lab(ctx.args[0]), ctx.lab(ctx.args[1])
@@ -260,7 +261,7 @@ def _relative_position_bias(ctx) -> Lab:
 
 
 @register_rule(tv_swin._patch_merging_pad)
-def _patch_merging_pad(ctx) -> Lab:
+def _patch_merging_pad(ctx: Ctx) -> Lab:
     # (..., H, W, C) padded to even H and W, then its four 2x2 phases concatenated on the last dim: (..., H/2, W/2, 4C);
     # every phase carries the same channels, and the sizes are read from the input, so nothing needs rewriting
     lx = ctx.lab(ctx.args[0])

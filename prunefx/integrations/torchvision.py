@@ -14,6 +14,7 @@ from torchvision.ops.stochastic_depth import stochastic_depth
 from prunefx.analysis.labels import Lab
 from prunefx.analysis.rules import register_rule, register_train_only
 from prunefx.analysis.rules._algebra import broadcast_merge, norm_dim, passthrough, pointwise
+from prunefx.analysis.rules._context import Ctx
 from prunefx.analysis.rules.linalg import _contract
 from prunefx.capture.semantics import register_discrete
 from prunefx.capture.trace import register_leaf_function
@@ -36,13 +37,13 @@ register_discrete(roi_heads.paste_masks_in_image, roi_heads.heatmaps_to_keypoint
 
 
 @register_rule(_filter_input)
-def _filter_input_rule(ctx: Any) -> list:
+def _filter_input_rule(ctx: Ctx) -> list:
     """MultiScaleRoIAlign takes the feature maps it pools from a dict by name, in order: labels pass through."""
     features, names = ctx.aval(ctx.args[0]), ctx.arg(1, "featmap_names")
     return [lab for name, lab in features.items() if name in names]
 
 
-def _pooled(ctx: Any, levels: list) -> Lab:
+def _pooled(ctx: Ctx, levels: list) -> Lab:
     """Pooling boxes out of feature maps keeps their channels: every level's channels are one set, rows are boxes."""
     labeled = [lab.dims[1] for lab in levels if isinstance(lab, Lab) and lab.dims[1] is not None]
     if not labeled:
@@ -55,24 +56,24 @@ def _pooled(ctx: Any, levels: list) -> Lab:
 
 
 @register_rule(_multiscale_roi_align)
-def _multiscale_roi_align_rule(ctx: Any) -> Lab:
+def _multiscale_roi_align_rule(ctx: Ctx) -> Lab:
     return _pooled(ctx, list(ctx.aval(ctx.args[0])))
 
 
 @register_rule(roi_align, roi_pool, torch.ops.torchvision.roi_align, torch.ops.torchvision.roi_pool)
-def _roi_pool_rule(ctx: Any) -> Lab:
+def _roi_pool_rule(ctx: Ctx) -> Lab:
     return _pooled(ctx, [ctx.lab(ctx.args[0])])
 
 
 @register_rule(_setup_scales)
-def _setup_scales_rule(ctx: Any) -> Any:
+def _setup_scales_rule(ctx: Ctx) -> Any:
     """The pooler's scales and level mapper come from the feature maps' spatial sizes, never their channels."""
     return ctx.out
 
 
 # ---- MViT (video): helpers it hides from fx ---------------------------------------------------------------------
 @register_rule(mvit._unsqueeze)
-def _mvit_unsqueeze(ctx: Any) -> tuple:
+def _mvit_unsqueeze(ctx: Ctx) -> tuple:
     """``(x.unsqueeze(expand_dim) if x.dim() == target_dim - 1 else x, x.dim())``: a new dim of size 1."""
     lab, target, expand = ctx.lab(ctx.args[0]), ctx.arg(1, "target_dim"), ctx.arg(2, "expand_dim")
     if lab.ndim == target - 1:
@@ -82,7 +83,7 @@ def _mvit_unsqueeze(ctx: Any) -> tuple:
 
 
 @register_rule(mvit._squeeze)
-def _mvit_squeeze(ctx: Any) -> Lab:
+def _mvit_squeeze(ctx: Ctx) -> Lab:
     """Undoes ``_unsqueeze``: drops ``expand_dim`` (size 1) when the input had ``target_dim - 1`` dims."""
     lab = ctx.lab(ctx.args[0])
     target, expand, had = ctx.arg(1, "target_dim"), ctx.arg(2, "expand_dim"), ctx.arg(3, "tensor_dim")
@@ -95,13 +96,13 @@ def _mvit_squeeze(ctx: Any) -> Lab:
 
 
 @register_rule(mvit._add_shortcut)
-def _mvit_add_shortcut(ctx: Any) -> Lab:
+def _mvit_add_shortcut(ctx: Ctx) -> Lab:
     """``x += shortcut`` (all tokens, or all but the class token): element-wise along the channels."""
     return pointwise(ctx, [ctx.args[0], ctx.args[1]])
 
 
 @register_rule(mvit._add_rel_pos)
-def _mvit_add_rel_pos(ctx: Any) -> Lab:
+def _mvit_add_rel_pos(ctx: Ctx) -> Lab:
     """``attn += einsum(q, R)`` per axis, R rows of a learned table picked by relative position: q's head dim is
     contracted with every table's columns, the heads add element-wise to attn's, the table rows are positions."""
     attn, q = ctx.args[0], ctx.args[1]

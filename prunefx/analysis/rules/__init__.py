@@ -11,6 +11,9 @@ from prunefx.analysis.rules import (  # noqa: F401 - registration side effects
     reduce,
     shape,
 )
-from prunefx.analysis.rules._registry import RULES, TRAIN_ONLY, OpRegistry, register_rule, register_train_only
+from prunefx.analysis.rules._context import Ctx
+from prunefx.analysis.rules._registry import RULES, TRAIN_ONLY, OpRegistry, Rule, register_rule, register_train_only
 
-__all__ = ["RULES", "TRAIN_ONLY", "OpRegistry", "register_rule", "register_train_only"]
+RULES.mark_builtin()  # what the modules above registered; replacing one later warns unless replace=True
+
+__all__ = ["RULES", "TRAIN_ONLY", "Ctx", "OpRegistry", "Rule", "register_rule", "register_train_only"]

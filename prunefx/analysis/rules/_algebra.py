@@ -8,13 +8,14 @@ import numpy as np
 import torch.fx as fx
 
 from prunefx.analysis.labels import Lab, SizeRef
+from prunefx.analysis.rules._context import Ctx
 
 
 def norm_dim(d: int, ndim: int) -> int:
     return d + ndim if d < 0 else d
 
 
-def pointwise(ctx: Any, operands: list[Any] | None = None, out_shape: tuple[int, ...] | None = None) -> Lab:
+def pointwise(ctx: Ctx, operands: list[Any] | None = None, out_shape: tuple[int, ...] | None = None) -> Lab:
     """Element-wise op: operands that span a dim with the output are sliced together along it."""
     operands = list(ctx.args) if operands is None else operands
     parts = [(ctx.lab(a), ctx.shape(a)) for a in operands if ctx.is_tensor(a)]
@@ -22,7 +23,7 @@ def pointwise(ctx: Any, operands: list[Any] | None = None, out_shape: tuple[int,
     return Lab(broadcast_merge(ctx, parts, out_shape, "element-wise with an operand whose channels cannot be sliced"))
 
 
-def broadcast_merge(ctx: Any, parts: list[tuple[Lab, tuple[int, ...]]], out_shape: tuple[int, ...], why: str) -> tuple:
+def broadcast_merge(ctx: Ctx, parts: list[tuple[Lab, tuple[int, ...]]], out_shape: tuple[int, ...], why: str) -> tuple:
     """Labels of a broadcast result: per dim, merge the labels of every operand of full size there.
 
     An operand of full size with no labels (a model input, a constant) freezes the others (``why``);
@@ -54,12 +55,12 @@ def broadcast_merge(ctx: Any, parts: list[tuple[Lab, tuple[int, ...]]], out_shap
     return tuple(dims)
 
 
-def passthrough(ctx: Any) -> Lab:
+def passthrough(ctx: Ctx) -> Lab:
     """Shape-preserving unary op (activations, dropout, casts): labels flow through unchanged."""
     return ctx.lab(ctx.args[0])
 
 
-def check_size(ctx: Any, ref: Any, out_atoms: np.ndarray, own: np.ndarray | None, path: tuple) -> None:
+def check_size(ctx: Ctx, ref: Any, out_atoms: np.ndarray, own: np.ndarray | None, path: tuple) -> None:
     """The size argument ``ref`` sets the length of a dim labeled ``out_atoms``; make that hold after pruning."""
     if isinstance(ref, int) and not isinstance(ref, SizeRef) and path is not None and not isinstance(ref, bool):
         if ref != -1:
@@ -90,7 +91,7 @@ def check_size(ctx: Any, ref: Any, out_atoms: np.ndarray, own: np.ndarray | None
     ctx.freeze(np.concatenate([*ref.sources, out_atoms]), "a size computed from another tensor's channels")
 
 
-def _literal_factor(ctx: Any, ref: SizeRef, out_atoms: np.ndarray) -> bool:
+def _literal_factor(ctx: Ctx, ref: SizeRef, out_atoms: np.ndarray) -> bool:
     """``b * num_heads`` sets a dim of ``b`` copies of ``num_heads`` channels: the literal follows their kept count."""
     name, path, owner, k = ref.literal
     n = len(out_atoms)
@@ -103,7 +104,7 @@ def _literal_factor(ctx: Any, ref: SizeRef, out_atoms: np.ndarray) -> bool:
     return True
 
 
-def _product_follows(ctx: Any, ref: Any, merged: list[np.ndarray]) -> bool:
+def _product_follows(ctx: Ctx, ref: Any, merged: list[np.ndarray]) -> bool:
     """``reshape(b, h * c, ...)`` with ``h``, ``c`` read from the dims it merges (or dims tied to them): the size is
     the product of their kept counts by construction. Each source is tied to the merged dim it was read from."""
     if not (isinstance(ref, SizeRef) and ref.product and len(ref.sources) == len(merged)):
@@ -155,7 +156,7 @@ def _pair_dims(a: tuple[int, ...], b: tuple[int, ...]) -> list[tuple[list[int], 
     return chunks
 
 
-def reshape(ctx: Any, x: Any, out_shape: tuple[int, ...], sizes: list[tuple[Any, tuple | None]] | None) -> Lab:
+def reshape(ctx: Ctx, x: Any, out_shape: tuple[int, ...], sizes: list[tuple[Any, tuple | None]] | None) -> Lab:
     """Labels after view/reshape/flatten/unflatten.
 
     ``sizes``: per output dim, (size argument as traced, path of a literal in the node's args) or None when
@@ -228,7 +229,7 @@ def op_name(target: Any) -> str:
     return packet.__name__ if packet is not None else target.__name__
 
 
-def weight_owner(ctx: Any, w: Any) -> str | None:
+def weight_owner(ctx: Ctx, w: Any) -> str | None:
     """The module whose parameter the ``get_attr`` node ``w`` reads, or None.
 
     The node's own module (innermost ``nn_module_stack`` entry) when the tensor is one of its parameters or buffers
@@ -254,13 +255,13 @@ def _is_param(gm: Any, target: str) -> bool:
         return False
 
 
-def fixed_size(ctx: Any, ref: Any) -> None:
+def fixed_size(ctx: Ctx, ref: Any) -> None:
     """A size read from channel dims sets a dim that is never sliced: those channels must stay."""
     if isinstance(ref, SizeRef) and ref.sources:
         ctx.freeze(np.concatenate(ref.sources), "its channel count sizes a dim that is not pruned")
 
 
-def size_args(ctx: Any, first: int) -> list[tuple[Any, tuple | None]]:
+def size_args(ctx: Ctx, first: int) -> list[tuple[Any, tuple | None]]:
     """Per output dim: (traced size value, path of the literal) for ``view(*sizes)`` / ``view(sizes)``."""
     args = ctx.args[first:]
     if len(args) == 1 and isinstance(args[0], fx.Node) and isinstance(ctx.aval(args[0]), (list, tuple)):

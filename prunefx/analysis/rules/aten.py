@@ -14,6 +14,7 @@ import torch
 from prunefx.analysis.labels import Lab
 from prunefx.analysis.roles import IN, OUT
 from prunefx.analysis.rules._algebra import norm_dim, op_name, pointwise, reshape, size_args, weight_owner
+from prunefx.analysis.rules._context import Ctx
 from prunefx.analysis.rules._registry import register_rule
 from prunefx.analysis.rules.index import constant_slice
 from prunefx.analysis.rules.linalg import (
@@ -75,7 +76,7 @@ register_rule(aten.einsum.default)(einsum)  # (equation, [operands]): the torch-
 
 
 @register_rule(aten.type_as.default)
-def type_as(ctx) -> Lab:
+def type_as(ctx: Ctx) -> Lab:
     return ctx.lab(ctx.args[0])
 
 
@@ -84,13 +85,13 @@ def type_as(ctx) -> Lab:
     aten.new_full.default, aten.new_empty.default, aten.zeros.default, aten.ones.default, aten.full.default,
     aten.empty.memory_format, aten.scalar_tensor.default,
 )  # fmt: skip
-def creation(ctx) -> Lab:
+def creation(ctx: Ctx) -> Lab:
     """A tensor made from sizes alone (a mask, positions): no input's channels flow into it."""
     return Lab.none(ctx.out.dim())
 
 
 @register_rule(aten._assert_tensor_metadata.default, aten._assert_scalar.default)
-def assertion(ctx) -> None:
+def assertion(ctx: Ctx) -> None:
     """Export's runtime checks: no output."""
     return None
 
@@ -101,7 +102,7 @@ register_rule(aten.layer_norm.default)(norm_fn)
 
 
 @register_rule(aten.group_norm.default)
-def group_norm(ctx) -> Lab:
+def group_norm(ctx: Ctx) -> Lab:
     """aten.group_norm(x, num_groups, weight, bias, eps, cudnn_enabled): F.group_norm's arguments, same rule."""
     return _group_norm_fn(ctx, ctx.lab(ctx.args[0]), [a for a in ctx.args[2:4] if ctx.is_tensor(a)])
 
@@ -113,7 +114,7 @@ register_rule(aten.scaled_dot_product_attention.default)(sdpa)
 
 
 @register_rule(aten.addmm.default)
-def addmm(ctx) -> Lab:
+def addmm(ctx: Ctx) -> Lab:
     """``bias + x @ w`` with ``w`` stored (in, out): Hugging Face's ``Conv1D`` (GPT-2)."""
     b, x, w = ctx.args[0], ctx.args[1], ctx.args[2]
     lb, lx, lw = ctx.lab(b), ctx.lab(x), ctx.lab(w)
@@ -136,7 +137,7 @@ def addmm(ctx) -> Lab:
 
 
 @register_rule(aten.embedding.default)
-def embedding(ctx) -> Lab:
+def embedding(ctx: Ctx) -> Lab:
     """``embedding(weight, ids)``: rows are looked up by id (frozen), columns are the channels produced."""
     w, ids = ctx.args[0], ctx.args[1]
     lw = ctx.lab(w)
@@ -151,7 +152,7 @@ def embedding(ctx) -> Lab:
 
 # ---- shapes -----------------------------------------------------------------------------------------------------
 @register_rule(aten.view.default, aten.reshape.default, aten._unsafe_view.default)
-def view(ctx) -> Lab:
+def view(ctx: Ctx) -> Lab:
     return reshape(ctx, ctx.args[0], tuple(ctx.out.shape), size_args(ctx, 1))
 
 
@@ -170,7 +171,7 @@ register_rule(aten.roll.default, aten.flip.default, aten.select.int, aten.narrow
 
 
 @register_rule(aten.slice.Tensor)
-def slice_(ctx) -> Lab:
+def slice_(ctx: Ctx) -> Lab:
     """``aten.slice(x, dim, start, end, step)``: a slice keeping every position passes; literal bounds with step 1 cut
     the channels as ``x[:, a:b]`` does (the same rule); anything else freezes a channel dim."""
     lab, shape = ctx.lab(ctx.args[0]), ctx.shape(ctx.args[0])
@@ -185,7 +186,7 @@ def slice_(ctx) -> Lab:
 
 
 @register_rule(aten.index.Tensor)
-def index(ctx) -> Lab:
+def index(ctx: Ctx) -> Lab:
     """Advanced indexing: the indexed dims lose their channels (frozen); one run of indexed dims keeps the rest."""
     lab, idx = ctx.lab(ctx.args[0]), list(ctx.args[1])
     hit = [d for d, i in enumerate(idx) if i is not None]
@@ -201,7 +202,7 @@ def index(ctx) -> Lab:
 
 
 @register_rule(aten.cumsum.default, aten.diff.default, aten.gather.default)
-def along_dim(ctx) -> Lab:
+def along_dim(ctx: Ctx) -> Lab:
     """Ops that mix positions along one dim: fine off the channel dims, frozen on them."""
     lab = ctx.lab(ctx.args[0])
     d = norm_dim(ctx.arg(1, "dim", -1), lab.ndim)

@@ -13,6 +13,7 @@ import torch
 import torch.fx as fx
 
 from prunefx.analysis.labels import Lab, SizeRef
+from prunefx.analysis.rules._context import Ctx
 from prunefx.analysis.rules._registry import register_rule
 
 # name -> index of the first size argument (after ``self`` for methods)
@@ -22,7 +23,7 @@ FACTORIES = {
 }
 
 
-def _sizes(ctx, first: int) -> list:
+def _sizes(ctx: Ctx, first: int) -> list:
     """Analysis values of the size arguments: ``f(a, b)``, ``f((a, b))`` or ``f(shape_node)``."""
     args = ctx.args[first:]
     if ctx.node.target in (torch.full, "new_full"):
@@ -37,7 +38,7 @@ def _sizes(ctx, first: int) -> list:
 
 
 @register_rule(*FACTORIES)
-def factory(ctx) -> Lab:
+def factory(ctx: Ctx) -> Lab:
     out = ctx.out
     sizes = _sizes(ctx, FACTORIES[ctx.node.target])
     if len(sizes) != out.dim():
@@ -57,7 +58,7 @@ def factory(ctx) -> Lab:
 
 
 @register_rule(torch.arange, torch.linspace, torch.logspace)
-def positions(ctx) -> Lab:
+def positions(ctx: Ctx) -> Lab:
     """Position values: a channel count used as the end renumbers them after pruning, so it is frozen."""
     refs = [ctx.aval(a) for a in (*ctx.args, *ctx.kwargs.values()) if isinstance(a, fx.Node)]
     for ref in refs:

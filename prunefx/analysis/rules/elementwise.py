@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from prunefx.analysis.rules._algebra import passthrough, pointwise
+from prunefx.analysis.rules._context import Ctx
 from prunefx.analysis.rules._registry import register_rule
 
 # Shape-preserving ops of one tensor: removing a channel before them equals removing it after.
@@ -38,7 +39,7 @@ UNARY_METHODS = (
 
 
 @register_rule(*UNARY_MODULES, *UNARY_FUNCTIONS, *UNARY_METHODS)
-def unary(ctx) -> object:
+def unary(ctx: Ctx) -> object:
     # clamp(x, max=c), full_like(x, c), fill_(c): a channel count in the other arguments is used as a number
     ctx.freeze_values((ctx.args[1:], dict(ctx.kwargs)))
     return passthrough(ctx)
@@ -60,7 +61,7 @@ BINARY = (
 
 
 @register_rule(*BINARY)
-def binary(ctx) -> object:
+def binary(ctx: Ctx) -> object:
     if not isinstance(ctx.out, torch.Tensor):  # int arithmetic on sizes keeps provenance
         from prunefx.analysis.engine import size_arith
 

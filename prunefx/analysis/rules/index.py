@@ -17,11 +17,12 @@ import torch.fx as fx
 
 from prunefx.analysis.labels import Lab, SizeRef
 from prunefx.analysis.rules._algebra import broadcast_merge, norm_dim
+from prunefx.analysis.rules._context import Ctx
 from prunefx.analysis.rules._registry import register_rule
 
 
 @register_rule(operator.getitem)
-def getitem(ctx):
+def getitem(ctx: Ctx):
     obj, idx = ctx.args[0], ctx.args[1]
     if not ctx.is_tensor(obj):
         container = ctx.aval(obj)
@@ -37,11 +38,11 @@ def getitem(ctx):
     return _basic_index(ctx, obj, items, paths)
 
 
-def _advanced(ctx, it) -> bool:
+def _advanced(ctx: Ctx, it) -> bool:
     return isinstance(it, (list, torch.Tensor)) or (isinstance(it, fx.Node) and ctx.is_tensor(it))
 
 
-def _consumed(ctx, it) -> int:
+def _consumed(ctx: Ctx, it) -> int:
     """How many input dims an index item uses up."""
     if it is None:
         return 0
@@ -50,7 +51,7 @@ def _consumed(ctx, it) -> int:
     return 1
 
 
-def _expand_ellipsis(ctx, items: list, paths: list, ndim: int) -> tuple[list, list]:
+def _expand_ellipsis(ctx: Ctx, items: list, paths: list, ndim: int) -> tuple[list, list]:
     """Items with ``...`` replaced by full slices, and each item's path in the node's arguments (None if made here)."""
     if Ellipsis not in items:
         return items, paths
@@ -60,7 +61,7 @@ def _expand_ellipsis(ctx, items: list, paths: list, ndim: int) -> tuple[list, li
     return [*items[:k], *[slice(None)] * fill, *items[k + 1 :]], [*paths[:k], *[None] * fill, *paths[k + 1 :]]
 
 
-def _slice(ctx, arr: np.ndarray | None, it: slice, n: int, path: tuple | None) -> np.ndarray | None:
+def _slice(ctx: Ctx, arr: np.ndarray | None, it: slice, n: int, path: tuple | None) -> np.ndarray | None:
     """Labels of ``dim[it]`` for a labeled dim of size ``n``; ``path``: where the slice sits in the node's args."""
     if arr is None:
         return None
@@ -109,7 +110,7 @@ def constant_slice(
     return arr[a:b]
 
 
-def _basic_index(ctx, obj, items: list, paths: list) -> Lab:
+def _basic_index(ctx: Ctx, obj, items: list, paths: list) -> Lab:
     lab, shape = ctx.lab(obj), ctx.shape(obj)
     items, paths = _expand_ellipsis(ctx, items, paths, len(shape))
     out, d = [], 0
@@ -127,7 +128,7 @@ def _basic_index(ctx, obj, items: list, paths: list) -> Lab:
     return Lab(tuple(out))
 
 
-def _advanced_index(ctx, obj, items: list, paths: list) -> Lab:
+def _advanced_index(ctx: Ctx, obj, items: list, paths: list) -> Lab:
     lab, shape = ctx.lab(obj), ctx.shape(obj)
     items, paths = _expand_ellipsis(ctx, items, paths, len(shape))
     before, after, parts, adv_pos = [], [], [], []
@@ -171,7 +172,7 @@ def _advanced_index(ctx, obj, items: list, paths: list) -> Lab:
 
 
 @register_rule(torch.gather, "gather", torch.take_along_dim, "take_along_dim")
-def gather(ctx) -> Lab:
+def gather(ctx: Ctx) -> Lab:
     """out[..., k, ...] = x[..., index[..., k, ...], ...] along ``dim``: positions along ``dim`` follow the index;
     every other dim is shared by x, index and the output, position by position."""
     x, index = ctx.args[0], ctx.arg(2, "index")

@@ -7,22 +7,23 @@ from torch import nn
 
 from prunefx.analysis.labels import Lab
 from prunefx.analysis.roles import CHANNEL, IN, OUT, Normalized
+from prunefx.analysis.rules._context import Ctx
 from prunefx.analysis.rules._registry import register_rule
 
 
-def _freeze_dims(ctx, lab: Lab, dims: range | list[int], why: str) -> None:
+def _freeze_dims(ctx: Ctx, lab: Lab, dims: range | list[int], why: str) -> None:
     for d in dims:
         if lab.dims[d] is not None:
             ctx.freeze(lab.dims[d], why)
 
 
-def pin(ctx, qualname: str, dim: int, width: int) -> None:
+def pin(ctx: Ctx, qualname: str, dim: int, width: int) -> None:
     """Record dim ``dim`` of a parameter as no channel (-1): this call's input cannot be sliced, so another call
     of the same layer (a layer applied twice, once to the model's input) cannot prune those positions either."""
     ctx.param(qualname, dim, np.full(width, -1, dtype=np.int64))
 
 
-def couple_blocks(ctx, atoms: np.ndarray, blocks: int, what: str) -> np.ndarray:
+def couple_blocks(ctx: Ctx, atoms: np.ndarray, blocks: int, what: str) -> np.ndarray:
     """Merge position i of every block (grouped convs, GroupNorm): each block keeps the same positions,
     so per-block counts stay equal and ``groups`` stays valid. Returns the labels of one block."""
     grid = atoms.reshape(blocks, -1)
@@ -32,7 +33,7 @@ def couple_blocks(ctx, atoms: np.ndarray, blocks: int, what: str) -> np.ndarray:
     return grid[0]
 
 
-def _conv_like(ctx, transposed: bool) -> Lab:
+def _conv_like(ctx: Ctx, transposed: bool) -> Lab:
     m, lab = ctx.module, ctx.lab(ctx.args[0])
     if lab.ndim == m.weight.dim() - 1:  # unbatched (C, *spatial): channels are dim 0
         out = _conv_batched(ctx, m, Lab((None, *lab.dims)), transposed)
@@ -40,7 +41,7 @@ def _conv_like(ctx, transposed: bool) -> Lab:
     return _conv_batched(ctx, m, lab, transposed)
 
 
-def _conv_batched(ctx, m, lab: Lab, transposed: bool) -> Lab:
+def _conv_batched(ctx: Ctx, m, lab: Lab, transposed: bool) -> Lab:
     name, g = ctx.name, m.groups
     _freeze_dims(ctx, lab, range(2, lab.ndim), "a convolution slides over this channel dim")
     xin = lab.dims[1] if lab.ndim > 1 else None
@@ -80,17 +81,17 @@ def _conv_batched(ctx, m, lab: Lab, transposed: bool) -> Lab:
 
 
 @register_rule(nn.Conv1d, nn.Conv2d, nn.Conv3d)
-def conv(ctx) -> Lab:
+def conv(ctx: Ctx) -> Lab:
     return _conv_like(ctx, transposed=False)
 
 
 @register_rule(nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
-def conv_transpose(ctx) -> Lab:
+def conv_transpose(ctx: Ctx) -> Lab:
     return _conv_like(ctx, transposed=True)
 
 
 @register_rule(nn.Linear, nn.LazyLinear)
-def linear(ctx) -> Lab:
+def linear(ctx: Ctx) -> Lab:
     m, lab = ctx.module, ctx.lab(ctx.args[0])
     xin = lab.dims[-1]
     if xin is not None:
@@ -107,7 +108,7 @@ def linear(ctx) -> Lab:
 
 
 @register_rule(nn.Embedding)
-def embedding(ctx) -> Lab:
+def embedding(ctx: Ctx) -> Lab:
     lab = ctx.lab(ctx.args[0])
     out = ctx.fresh(ctx.module.embedding_dim)
     ctx.member(OUT, out)
@@ -115,7 +116,7 @@ def embedding(ctx) -> Lab:
     return Lab((*lab.dims, out))
 
 
-def _per_channel(ctx, lab: Lab, dim: int, params: tuple[str, ...]) -> None:
+def _per_channel(ctx: Ctx, lab: Lab, dim: int, params: tuple[str, ...]) -> None:
     atoms = lab.dims[dim] if lab.ndim > dim else None
     if atoms is None:
         return
@@ -127,14 +128,14 @@ def _per_channel(ctx, lab: Lab, dim: int, params: tuple[str, ...]) -> None:
 
 @register_rule(nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm,
                nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d)
-def batch_norm(ctx) -> Lab:
+def batch_norm(ctx: Ctx) -> Lab:
     lab = ctx.lab(ctx.args[0])
     _per_channel(ctx, lab, 1, ("weight", "bias", "running_mean", "running_var"))
     return lab
 
 
 @register_rule(nn.GroupNorm)
-def group_norm(ctx) -> Lab:
+def group_norm(ctx: Ctx) -> Lab:
     lab = ctx.lab(ctx.args[0])
     atoms = lab.dims[1]
     if atoms is not None:
@@ -145,7 +146,7 @@ def group_norm(ctx) -> Lab:
 
 
 @register_rule(nn.LayerNorm, nn.RMSNorm)
-def layer_norm(ctx) -> Lab:
+def layer_norm(ctx: Ctx) -> Lab:
     lab = ctx.lab(ctx.args[0])
     k = len(ctx.module.normalized_shape)
     for j, d in enumerate(range(lab.ndim - k, lab.ndim)):
@@ -161,7 +162,7 @@ def layer_norm(ctx) -> Lab:
 
 
 @register_rule(nn.LocalResponseNorm, nn.CrossMapLRN2d)
-def local_response_norm(ctx) -> Lab:
+def local_response_norm(ctx: Ctx) -> Lab:
     lab = ctx.lab(ctx.args[0])
     if lab.dims[1] is not None:
         ctx.freeze(lab.dims[1], "LocalResponseNorm mixes neighbouring channels by position")
@@ -169,7 +170,7 @@ def local_response_norm(ctx) -> Lab:
 
 
 @register_rule(nn.PReLU)
-def prelu(ctx) -> Lab:
+def prelu(ctx: Ctx) -> Lab:
     lab = ctx.lab(ctx.args[0])
     if ctx.module.num_parameters > 1:
         _per_channel(ctx, lab, 1, ("weight",))

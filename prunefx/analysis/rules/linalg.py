@@ -13,11 +13,12 @@ import torch.nn.functional as F
 from prunefx.analysis.labels import Lab
 from prunefx.analysis.roles import CHANNEL, IN, OUT, Normalized
 from prunefx.analysis.rules._algebra import broadcast_merge, weight_owner
+from prunefx.analysis.rules._context import Ctx
 from prunefx.analysis.rules._registry import register_rule
 from prunefx.analysis.rules.layers import couple_blocks
 
 
-def _contract(ctx, a: np.ndarray | None, b: np.ndarray | None) -> None:
+def _contract(ctx: Ctx, a: np.ndarray | None, b: np.ndarray | None) -> None:
     """The summed-over dim of a product: removing index i from both sides removes its term exactly."""
     if a is not None and b is not None:
         ctx.union(a, b)
@@ -26,7 +27,7 @@ def _contract(ctx, a: np.ndarray | None, b: np.ndarray | None) -> None:
 
 
 @register_rule(torch.matmul, operator.matmul, torch.bmm, torch.mm, "matmul", "bmm", "mm", "__matmul__")
-def matmul(ctx) -> Lab:
+def matmul(ctx: Ctx) -> Lab:
     x, y = ctx.args[0], ctx.args[1]
     lx, ly = ctx.lab(x), ctx.lab(y)
     if lx.ndim < 2 or ly.ndim < 2:
@@ -48,7 +49,7 @@ def matmul(ctx) -> Lab:
 
 
 @register_rule(F.linear)
-def linear_fn(ctx) -> Lab:
+def linear_fn(ctx: Ctx) -> Lab:
     x, w, b = ctx.arg(0, "input"), ctx.arg(1, "weight"), ctx.arg(2, "bias")
     lx, lw = ctx.lab(x), ctx.lab(w)
     _contract(ctx, lx.dims[-1], lw.dims[1] if lw.ndim == 2 else None)
@@ -65,7 +66,7 @@ def linear_fn(ctx) -> Lab:
     return lx.replace(lx.ndim - 1, out)
 
 
-def _members(ctx, param, *roles: tuple) -> None:
+def _members(ctx: Ctx, param, *roles: tuple) -> None:
     """Record the members of the module that owns ``param`` (a functional layer's module, see weight_owner)."""
     owner = weight_owner(ctx, param)
     if owner is not None:
@@ -75,7 +76,7 @@ def _members(ctx, param, *roles: tuple) -> None:
 
 
 @register_rule(F.conv1d, F.conv2d, F.conv3d)
-def conv_fn(ctx) -> Lab:
+def conv_fn(ctx: Ctx) -> Lab:
     x, w, b = ctx.arg(0, "input"), ctx.arg(1, "weight"), ctx.arg(2, "bias")
     groups = ctx.arg(6, "groups", 1)
     lx, lw = ctx.lab(x), ctx.lab(w)
@@ -101,13 +102,13 @@ def conv_fn(ctx) -> Lab:
     return Lab((lx.dims[0], out, *([None] * (lx.ndim - 2))))
 
 
-def _depthwise(ctx, x, w, groups: Any) -> bool:
+def _depthwise(ctx: Ctx, x, w, groups: Any) -> bool:
     """One input channel per group (``groups`` = the input's channels), ``groups`` a positional literal."""
     return (isinstance(groups, int) and len(ctx.args) > 6 and ctx.args[6] == groups and ctx.shape(w)[1] == 1
             and len(ctx.shape(x)) > 1 and ctx.shape(x)[1] == groups)
 
 
-def _depthwise_fn(ctx, lx: Lab, lw: Lab, b: Any, groups: int) -> Lab:
+def _depthwise_fn(ctx: Ctx, lx: Lab, lw: Lab, b: Any, groups: int) -> Lab:
     """Depthwise ``conv(x, w, b, stride, padding, dilation, groups=C)``: input channel c feeds exactly its ``k``
     outputs (weight rows ``c*k .. c*k+k-1``), so they are pruned together and ``groups`` counts the kept channels."""
     xin, out = lx.dims[1], lw.dims[0]
@@ -130,7 +131,7 @@ def _depthwise_fn(ctx, lx: Lab, lw: Lab, b: Any, groups: int) -> Lab:
     return Lab((lx.dims[0], out, *([None] * (lx.ndim - 2))))
 
 
-def _grouped_fn(ctx, lx: Lab, lw: Lab, b: Any, groups: int) -> Lab:
+def _grouped_fn(ctx: Ctx, lx: Lab, lw: Lab, b: Any, groups: int) -> Lab:
     """Grouped ``conv(x, w, ..., groups=g)`` (g > 1, several input channels per group): as the module rule does, each
     group keeps the same positions (so ``groups`` stays valid and unchanged); weight columns are one group's inputs."""
     xin, out, w_in = lx.dims[1], lw.dims[0], lw.dims[1]
@@ -155,7 +156,7 @@ def _grouped_fn(ctx, lx: Lab, lw: Lab, b: Any, groups: int) -> Lab:
     return Lab((lx.dims[0], out, *([None] * (lx.ndim - 2))))
 
 
-def _conv_owner(ctx, w: Any, xin: Any, out: Any) -> None:
+def _conv_owner(ctx: Ctx, w: Any, xin: Any, out: Any) -> None:
     """Record a functional conv's input and output channels under the module that owns (or computes) its weight."""
     owner = weight_owner(ctx, w)
     if owner is None:  # a weight computed in forward (timm's ScaledStdConv2d standardises its own): that module's
@@ -169,7 +170,7 @@ def _conv_owner(ctx, w: Any, xin: Any, out: Any) -> None:
                 ctx.member(role, atoms, name=owner)
 
 
-def _statistics_dims(ctx, ndim: int) -> list[int]:
+def _statistics_dims(ctx: Ctx, ndim: int) -> list[int]:
     """Dims a functional norm takes its statistics over (beside the channel dim 1): instance norm always over the
     spatial dims; batch norm over batch and spatial dims when it has no running statistics to use."""
     target, aten = ctx.node.target, torch.ops.aten
@@ -182,7 +183,7 @@ def _statistics_dims(ctx, ndim: int) -> list[int]:
 
 
 @register_rule(F.batch_norm, F.instance_norm)
-def batch_norm_fn(ctx) -> Lab:
+def batch_norm_fn(ctx: Ctx) -> Lab:
     lx = ctx.lab(ctx.args[0])
     for d in _statistics_dims(ctx, lx.ndim):
         # timm's ScaledStdConv2d standardises its weight with batch_norm over (1, out, in*k*k): the input channels'
@@ -198,7 +199,7 @@ def batch_norm_fn(ctx) -> Lab:
 
 
 @register_rule(F.layer_norm, F.group_norm, F.rms_norm)
-def norm_fn(ctx) -> Lab:
+def norm_fn(ctx: Ctx) -> Lab:
     lx = ctx.lab(ctx.args[0])
     tensors = [a for a in (*ctx.args[1:], *ctx.kwargs.values()) if ctx.is_tensor(a)]
     if ctx.node.target is F.group_norm:
@@ -222,7 +223,7 @@ def norm_fn(ctx) -> Lab:
     return lx
 
 
-def _group_norm_fn(ctx, lx: Lab, tensors: list) -> Lab:
+def _group_norm_fn(ctx: Ctx, lx: Lab, tensors: list) -> Lab:
     """F.group_norm(x, g, weight, bias), as nn.GroupNorm: equal positions kept in every group, statistics
     over a group inexact, weight and bias sliced with the channels."""
     from prunefx.analysis.rules.layers import couple_blocks
@@ -240,7 +241,7 @@ def _group_norm_fn(ctx, lx: Lab, tensors: list) -> Lab:
 
 
 @register_rule(F.embedding)
-def embedding_fn(ctx) -> Lab:
+def embedding_fn(ctx: Ctx) -> Lab:
     """F.embedding(ids, weight): rows are looked up by value (never pruned), columns are the output channels."""
     li, lw = ctx.lab(ctx.arg(0, "input")), ctx.lab(ctx.arg(1, "weight"))
     if li.atoms().size:
@@ -251,7 +252,7 @@ def embedding_fn(ctx) -> Lab:
 
 
 @register_rule(F.scaled_dot_product_attention)
-def sdpa(ctx) -> Lab:
+def sdpa(ctx: Ctx) -> Lab:
     q, k, v = ctx.args[0], ctx.args[1], ctx.args[2]
     lq, lk, lv = ctx.lab(q), ctx.lab(k), ctx.lab(v)
     if ctx.kwargs.get("scale") is None and (lq.dims[-1] is not None or lk.dims[-1] is not None):
@@ -307,7 +308,7 @@ def _einsum_terms(eq: str, ndims: list[int]) -> tuple[list[list[str]], list[str]
 
 
 @register_rule(torch.einsum, "einsum")
-def einsum(ctx) -> Lab:
+def einsum(ctx: Ctx) -> Lab:
     """``torch.einsum(eq, *operands)``: every letter is a dim shared by the operands that name it, position by
     position: removing index i of a letter from all of them removes exactly its terms (a contracted letter) or
     its output slice (a kept letter). Operands that name a letter with its full size are sliced together there;

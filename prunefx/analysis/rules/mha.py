@@ -18,6 +18,7 @@ from torch import nn
 
 from prunefx.analysis.labels import Lab
 from prunefx.analysis.roles import CHANNEL, IN, OUT
+from prunefx.analysis.rules._context import Ctx
 from prunefx.analysis.rules._registry import register_rule
 from prunefx.analysis.rules.layers import pin
 
@@ -36,7 +37,7 @@ def _weights_used(node) -> bool:
     return False
 
 
-def _heads_blocked(ctx, m: nn.MultiheadAttention, mask) -> str | None:
+def _heads_blocked(ctx: Ctx, m: nn.MultiheadAttention, mask) -> str | None:
     """Why the heads of this call cannot be removed exactly, or None."""
     out = ctx.out
     if isinstance(out, (tuple, list)) and out[1] is not None and _weights_used(ctx.node):
@@ -46,7 +47,7 @@ def _heads_blocked(ctx, m: nn.MultiheadAttention, mask) -> str | None:
     return None
 
 
-def _columns(ctx, param: str, atoms: np.ndarray | None, width: int) -> None:
+def _columns(ctx: Ctx, param: str, atoms: np.ndarray | None, width: int) -> None:
     """The input columns of a projection: the input's channels, or pinned when this call's input cannot be sliced."""
     if atoms is None:
         pin(ctx, param, 1, width)
@@ -54,7 +55,7 @@ def _columns(ctx, param: str, atoms: np.ndarray | None, width: int) -> None:
         ctx.param(param, 1, atoms)
 
 
-def multihead_attention(ctx, swappable: bool = True) -> tuple:
+def multihead_attention(ctx: Ctx, swappable: bool = True) -> tuple:
     """Rule for a call of nn.MultiheadAttention (``swappable``: the rewrite may give it the pruned forward)."""
     m, name = ctx.module, ctx.name
     who = f"nn.MultiheadAttention '{name}'"
@@ -112,6 +113,6 @@ def multihead_attention(ctx, swappable: bool = True) -> tuple:
 
 
 @register_rule(nn.MultiheadAttention)
-def _stock(ctx) -> tuple:
+def _stock(ctx: Ctx) -> tuple:
     # a subclass that kept the stock forward cannot take the pruned one without losing its class
     return multihead_attention(ctx, swappable=type(ctx.module) is nn.MultiheadAttention)

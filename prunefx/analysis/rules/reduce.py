@@ -9,6 +9,7 @@ from torch import nn
 
 from prunefx.analysis.labels import Lab
 from prunefx.analysis.rules._algebra import norm_dim
+from prunefx.analysis.rules._context import Ctx
 from prunefx.analysis.rules._registry import register_rule
 
 SPATIAL_MODULES = (
@@ -28,7 +29,7 @@ SPATIAL_FUNCTIONS = (
 
 
 @register_rule(*SPATIAL_MODULES, *SPATIAL_FUNCTIONS)
-def spatial(ctx) -> Lab:
+def spatial(ctx: Ctx) -> Lab:
     """(N, C, *spatial) -> (N, C, *spatial'): channels pass, positions are resampled."""
     lab = ctx.lab(ctx.args[0])
     out = ctx.out[0] if isinstance(ctx.out, tuple) else ctx.out  # return_indices=True
@@ -43,7 +44,7 @@ def spatial(ctx) -> Lab:
 
 
 @register_rule(F.pad)
-def pad(ctx) -> Lab:
+def pad(ctx: Ctx) -> Lab:
     lab = ctx.lab(ctx.args[0])
     pads = ctx.arg(1, "pad")
     touched = {lab.ndim - 1 - k // 2 for k, p in enumerate(pads) if p != 0}
@@ -68,7 +69,7 @@ NORMS = {"norm", torch.norm, torch.linalg.vector_norm}
 
 
 @register_rule(*REDUCTIONS)
-def reduction(ctx):
+def reduction(ctx: Ctx):
     lab = ctx.lab(ctx.args[0])
     separable = REDUCTIONS[ctx.node.target]
     at = 2 if ctx.node.target in NORMS else 1
@@ -106,7 +107,7 @@ def reduction(ctx):
     )
 
 
-def _softmax_like(ctx, dim) -> Lab:
+def _softmax_like(ctx: Ctx, dim) -> Lab:
     lab = ctx.lab(ctx.args[0])
     d = norm_dim(dim if dim is not None else -1, lab.ndim)
     if lab.dims[d] is not None:
@@ -115,23 +116,23 @@ def _softmax_like(ctx, dim) -> Lab:
 
 
 @register_rule(F.softmax, F.log_softmax, torch.softmax, torch.log_softmax, "softmax", "log_softmax", F.normalize)
-def softmax(ctx) -> Lab:
+def softmax(ctx: Ctx) -> Lab:
     return _softmax_like(ctx, ctx.arg(1, "dim", 1 if ctx.node.target is F.normalize else None))
 
 
 @register_rule(nn.Softmax, nn.LogSoftmax, nn.Softmin, nn.Softmax2d)
-def softmax_module(ctx) -> Lab:
+def softmax_module(ctx: Ctx) -> Lab:
     return _softmax_like(ctx, -3 if isinstance(ctx.module, nn.Softmax2d) else ctx.module.dim)
 
 
 @register_rule(nn.PixelShuffle, nn.PixelUnshuffle, F.pixel_shuffle, F.pixel_unshuffle)
-def pixel_shuffle(ctx) -> Lab:
+def pixel_shuffle(ctx: Ctx) -> Lab:
     ctx.freeze(ctx.lab(ctx.args[0]), "pixel (un)shuffle moves channels into space")
     return Lab.none(ctx.out.dim())
 
 
 @register_rule(nn.ChannelShuffle, F.channel_shuffle, torch.channel_shuffle, torch.native_channel_shuffle)
-def channel_shuffle(ctx) -> Lab:
+def channel_shuffle(ctx: Ctx) -> Lab:
     from prunefx.analysis.rules.layers import couple_blocks
 
     lab = ctx.lab(ctx.args[0])
@@ -152,7 +153,7 @@ CUMULATIVE = {
 
 
 @register_rule(*CUMULATIVE)
-def cumulative(ctx):
+def cumulative(ctx: Ctx):
     lab = ctx.lab(ctx.args[0])
     d = norm_dim(ctx.arg(1, "dim"), lab.ndim)
     if lab.dims[d] is not None and not CUMULATIVE[ctx.node.target]:

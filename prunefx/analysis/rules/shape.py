@@ -11,6 +11,7 @@ from torch import nn
 
 from prunefx.analysis.labels import Lab, SizeRef
 from prunefx.analysis.rules._algebra import check_size, norm_dim, op_name, reshape, size_args
+from prunefx.analysis.rules._context import Ctx
 from prunefx.analysis.rules._registry import register_rule
 
 
@@ -22,7 +23,7 @@ def _size_refs(lab: Lab, shape: torch.Size) -> tuple[SizeRef, ...]:
 
 
 @register_rule(builtins.getattr)
-def get_attribute(ctx):
+def get_attribute(ctx: Ctx):
     obj, attr = ctx.args[0], ctx.args[1]
     if ctx.is_tensor(obj) and attr == "shape":
         return _size_refs(ctx.lab(obj), ctx.value(obj).shape)
@@ -38,14 +39,14 @@ def get_attribute(ctx):
 
 
 @register_rule("size")
-def size(ctx):
+def size(ctx: Ctx):
     refs = _size_refs(ctx.lab(ctx.args[0]), ctx.value(ctx.args[0]).shape)
     d = ctx.arg(1, "dim")
     return refs if d is None else refs[d]
 
 
 @register_rule("dim", "ndimension", "numel", "nelement", torch.numel, "element_size", "get_device", "is_contiguous")
-def plain_value(ctx):
+def plain_value(ctx: Ctx):
     if ctx.node.target in ("numel", "nelement", torch.numel):
         lab = ctx.lab(ctx.args[0])
         return SizeRef(ctx.out, tuple(a for a in lab.dims if a is not None), exact=False)
@@ -54,7 +55,7 @@ def plain_value(ctx):
 
 # ---- reshapes --------------------------------------------------------------------------------------------
 @register_rule("view", "reshape", torch.reshape)
-def view(ctx) -> Lab:
+def view(ctx: Ctx) -> Lab:
     first = 1
     if ctx.node.target == "view" and len(ctx.args) == 2 and isinstance(ctx.value(ctx.args[1]), torch.dtype):
         return ctx.lab(ctx.args[0])  # view(dtype)
@@ -64,7 +65,7 @@ def view(ctx) -> Lab:
 
 
 @register_rule("reshape_as", "view_as")
-def reshape_as(ctx) -> Lab:
+def reshape_as(ctx: Ctx) -> Lab:
     """x.reshape_as(y): y's shape; where y's dims carry channels, x's matching dims must be the same ones."""
     x, y = ctx.args[0], ctx.args[1]
     res = reshape(ctx, x, tuple(ctx.out.shape), None)
@@ -80,7 +81,7 @@ def reshape_as(ctx) -> Lab:
 
 
 @register_rule("unfold")
-def unfold(ctx) -> Lab:
+def unfold(ctx: Ctx) -> Lab:
     """x.unfold(dim, size, step): sliding windows along ``dim`` (positions, never channels) in a new last dim."""
     lab = ctx.lab(ctx.args[0])
     d = norm_dim(ctx.arg(1, "dimension"), lab.ndim)
@@ -90,7 +91,7 @@ def unfold(ctx) -> Lab:
 
 
 @register_rule("repeat_interleave", torch.repeat_interleave)
-def repeat_interleave(ctx) -> Lab:
+def repeat_interleave(ctx: Ctx) -> Lab:
     """Each position repeated r times in place: a channel's copies are pruned with it (like ``repeat``)."""
     lab = ctx.lab(ctx.args[0])
     reps, dim = ctx.arg(1, "repeats"), ctx.arg(2, "dim")
@@ -103,12 +104,12 @@ def repeat_interleave(ctx) -> Lab:
 
 
 @register_rule("flatten", torch.flatten, nn.Flatten, "ravel", torch.ravel)
-def flatten(ctx) -> Lab:
+def flatten(ctx: Ctx) -> Lab:
     return reshape(ctx, ctx.args[0], tuple(ctx.out.shape), None)
 
 
 @register_rule("unflatten", torch.unflatten, nn.Unflatten)
-def unflatten(ctx) -> Lab:
+def unflatten(ctx: Ctx) -> Lab:
     x = ctx.args[0]
     out_shape = tuple(ctx.out.shape)
     if ctx.module is not None:  # sizes live in module attributes: a changed size cannot be rewritten
@@ -126,7 +127,7 @@ def unflatten(ctx) -> Lab:
 
 
 @register_rule("permute", torch.permute)
-def permute(ctx) -> Lab:
+def permute(ctx: Ctx) -> Lab:
     lab = ctx.lab(ctx.args[0])
     order = ctx.args[1:] if ctx.node.op == "call_method" else ctx.arg(1, "dims")
     if len(order) == 1 and isinstance(order[0], (list, tuple)):
@@ -137,7 +138,7 @@ def permute(ctx) -> Lab:
 @register_rule(
     "transpose", torch.transpose, "swapaxes", "swapdims", torch.swapaxes, "movedim", torch.movedim, "t", torch.t
 )
-def transpose(ctx) -> Lab:
+def transpose(ctx: Ctx) -> Lab:
     lab = ctx.lab(ctx.args[0])
     dims = list(lab.dims)
     if ctx.node.target in ("t", torch.t):
@@ -151,14 +152,14 @@ def transpose(ctx) -> Lab:
 
 
 @register_rule("unsqueeze", torch.unsqueeze)
-def unsqueeze(ctx) -> Lab:
+def unsqueeze(ctx: Ctx) -> Lab:
     lab = ctx.lab(ctx.args[0])
     d = norm_dim(ctx.arg(1, "dim"), lab.ndim + 1)
     return Lab((*lab.dims[:d], None, *lab.dims[d:]))
 
 
 @register_rule("squeeze", torch.squeeze)
-def squeeze(ctx) -> Lab:
+def squeeze(ctx: Ctx) -> Lab:
     lab, shape = ctx.lab(ctx.args[0]), ctx.shape(ctx.args[0])
     d = ctx.arg(1, "dim")
     drop = (
@@ -177,7 +178,7 @@ def squeeze(ctx) -> Lab:
 
 
 @register_rule("expand", "broadcast_to", torch.broadcast_to)
-def expand(ctx) -> Lab:
+def expand(ctx: Ctx) -> Lab:
     lab, shape = ctx.lab(ctx.args[0]), ctx.shape(ctx.args[0])
     out = tuple(ctx.out.shape)
     lead = len(out) - len(shape)
@@ -201,7 +202,7 @@ def expand(ctx) -> Lab:
 
 
 @register_rule("repeat", "tile", torch.tile)
-def repeat(ctx) -> Lab:
+def repeat(ctx: Ctx) -> Lab:
     lab, shape = ctx.lab(ctx.args[0]), ctx.shape(ctx.args[0])
     out = tuple(ctx.out.shape)
     lead = len(out) - len(shape)
@@ -214,7 +215,7 @@ def repeat(ctx) -> Lab:
 
 # ---- joins and splits ------------------------------------------------------------------------------------
 @register_rule(torch.cat, torch.concat, torch.concatenate)
-def cat(ctx) -> Lab:
+def cat(ctx: Ctx) -> Lab:
     tensors = [t for t in ctx.arg(0, "tensors") if ctx.is_tensor(t)]
     out_shape = tuple(ctx.out.shape)
     dim = norm_dim(ctx.arg(1, "dim", 0), len(out_shape))
@@ -233,7 +234,7 @@ def cat(ctx) -> Lab:
     return Lab(tuple(dims))
 
 
-def _merge_other_dims(ctx, tensors, dim: int, out_shape) -> list:
+def _merge_other_dims(ctx: Ctx, tensors, dim: int, out_shape) -> list:
     merged: list = [None] * len(out_shape)
     for d in range(len(out_shape)):
         if d == dim:
@@ -250,7 +251,7 @@ def _merge_other_dims(ctx, tensors, dim: int, out_shape) -> list:
 
 
 @register_rule(torch.stack)
-def stack(ctx) -> Lab:
+def stack(ctx: Ctx) -> Lab:
     tensors = [t for t in ctx.arg(0, "tensors") if ctx.is_tensor(t)]
     out_nd = ctx.out.dim()
     dim = norm_dim(ctx.arg(1, "dim", 0), out_nd)
@@ -259,7 +260,7 @@ def stack(ctx) -> Lab:
 
 
 @register_rule("split", torch.split, "chunk", torch.chunk, "split_with_sizes", "tensor_split", torch.tensor_split)
-def split(ctx) -> tuple:
+def split(ctx: Ctx) -> tuple:
     x = ctx.args[0]
     lab, nd = ctx.lab(x), len(ctx.shape(x))
     method = op_name(ctx.node.target)
@@ -295,7 +296,7 @@ def split(ctx) -> tuple:
     return tuple(lab.replace(dim, seg) for seg in segments)
 
 
-def _uneven_chunk(ctx, segments: list[np.ndarray], n: int) -> None:
+def _uneven_chunk(ctx: Ctx, segments: list[np.ndarray], n: int) -> None:
     """chunk(n) into pieces (p, ..., p, r), r < p: after pruning, chunk recomputes p' = ceil(C' / n).
 
     Position i < r is coupled across all n pieces (each piece keeps the same positions) and the last p - r
@@ -310,7 +311,7 @@ def _uneven_chunk(ctx, segments: list[np.ndarray], n: int) -> None:
 
 
 @register_rule("unbind", torch.unbind)
-def unbind(ctx) -> tuple:
+def unbind(ctx: Ctx) -> tuple:
     lab = ctx.lab(ctx.args[0])
     dim = norm_dim(ctx.arg(1, "dim", 0), lab.ndim)
     if lab.dims[dim] is not None:
@@ -320,7 +321,7 @@ def unbind(ctx) -> tuple:
 
 
 @register_rule("roll", torch.roll, "flip", torch.flip, "narrow", torch.narrow, "select", torch.select)
-def positional(ctx) -> Lab:
+def positional(ctx: Ctx) -> Lab:
     """Ops that move or pick positions along a dim: fine off the channel dims, frozen on them."""
     lab = ctx.lab(ctx.args[0])
     target = op_name(ctx.node.target)

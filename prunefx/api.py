@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from prunefx._config import from_dict
-from prunefx.analysis import DependencyGraph, analyze
+from prunefx.analysis import Capture, DependencyGraph, analyze
 from prunefx.analysis.parts import PartialCapture, check_inputs
 from prunefx.errors import TiedScoresWarning, VerificationError
 from prunefx.importance import Scores, score, ties_at_cut
@@ -70,7 +70,7 @@ def prune(
     criterion: str = "bn_scale",
     check: bool = True,
     bias_compensation: bool | None = None,
-    capture: str = "auto",
+    capture: Capture = "auto",
     deployment: Deployment | None = None,
     latency_cache: str | os.PathLike[str] | None = "default",
     **score_kwargs: Any,

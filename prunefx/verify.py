@@ -45,6 +45,7 @@ from prunefx.analysis.graph import DependencyGraph
 from prunefx.analysis.labels import Lab
 from prunefx.analysis.outputs import default_free_outputs, output_leaves
 from prunefx.capture.export import export_graph
+from prunefx.capture.record import Capture
 from prunefx.capture.semantics import DISCRETE, EvalInterpreter
 from prunefx.capture.trace import module_state_kept, trace, training_mode
 from prunefx.plan import PlanError, PruningPlan, validate_plan
@@ -599,7 +600,7 @@ def verify(
     *,
     rtol: float = 1e-4,
     dg: DependencyGraph | None = None,
-    capture: str = "auto",
+    capture: Capture = "auto",
 ) -> VerifyResult:
     """Check ``pruned`` against ``original`` (an unpruned copy) masked by ``plan``.
 

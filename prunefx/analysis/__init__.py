@@ -20,12 +20,10 @@ from prunefx.analysis.outputs import default_free_outputs, require_tensor_output
 from prunefx.analysis.parts import boundary_reasons, find_parts
 from prunefx.analysis.roles import Kind
 from prunefx.analysis.rules import RULES, OpRegistry
-from prunefx.capture.export import export_graph, prefers_export
-from prunefx.capture.trace import META_KEY, trace
+from prunefx.capture.record import Capture, capture_info
+from prunefx.capture.select import CAPTURES, capture_graph
 from prunefx.capture.values import propagate
 from prunefx.errors import PrunefxError, TraceFailure
-
-CAPTURES = ("auto", "fx", "export")
 
 
 def analyze(
@@ -35,7 +33,7 @@ def analyze(
     leaves: Sequence[str] = (),
     registry: OpRegistry = RULES,
     free_outputs: Sequence[str] | None = None,
-    capture: str = "auto",
+    capture: Capture = "auto",
 ) -> DependencyGraph:
     """Capture ``model`` as a graph (flags restored), give every node a value and group coupled channels.
 
@@ -45,8 +43,8 @@ def analyze(
     ``free_outputs``: names of dict entries in the model's output whose channel count may change (only
     their shapes are read downstream); None uses the defaults registered for the model's type.
     ``capture``: "fx" (symbolic trace of the training-mode graph), "export" (``torch.export``'s ATen graph in eval
-    mode, for code fx cannot follow) or "auto" (see :func:`capture_graph`). Models on the meta device work.
-    When the model's own forward cannot be captured at all, the largest submodules that can be are analysed
+    mode, for code fx cannot follow) or "auto" (see :func:`prunefx.capture.capture_graph`). Models on the meta device
+    work. When the model's own forward cannot be captured at all, the largest submodules that can be are analysed
     instead, with their boundaries frozen (:mod:`prunefx.analysis.parts`); ``DependencyGraph.parts`` says which,
     what stayed opaque and why, and the summary prints it.
     """
@@ -65,7 +63,8 @@ def analyze(
     except TraceFailure as failure:  # the last fallback: analyse the submodules that can be captured
         gm, parts = find_parts(model, example_inputs, failure, capture=capture, leaves=leaves)
     graph_inputs = parts.calls if parts is not None else example_inputs
-    how = gm.meta.get(META_KEY, {}).get("capture", "fx")
+    info = capture_info(gm)
+    how = info.capture
     shape_pass = "export" if how == "export" else propagate(gm, graph_inputs)  # export's graph has its values
     require_tensor_output(gm, type(model).__name__)
     if parts is not None:
@@ -87,7 +86,7 @@ def analyze(
         record_roots=grouping.record_roots,
         ties=grouping.ties,
         unknown_ops=state.unknown,
-        auto_leaves=gm.meta.get(META_KEY, {}).get("auto_leaves", {}),
+        auto_leaves=info.auto_leaves,
         model_name=type(model).__name__,
         seconds=seconds,
         shape_pass=shape_pass,
@@ -97,65 +96,8 @@ def analyze(
         parts=parts,
         capture=how,
         inside=frozenset(state.inside),
-        notes=tuple(gm.meta.get(META_KEY, {}).get("notes", ())) + ((parts.describe(),) if parts else ()),
+        notes=info.notes + ((parts.describe(),) if parts else ()),
     )
-
-
-def capture_graph(
-    model: nn.Module, example_inputs: Sequence[Any], capture: str = "auto", *, leaves: Sequence[str] = ()
-) -> fx.GraphModule:
-    """The model as a graph the analysis walks: torch.fx or torch.export (see :func:`analyze`).
-
-    fx traces the training-mode graph (every layer that learns, e.g. YOLO's raw head, and size provenance such as
-    ``x.shape[1] // 2``). When the training-mode forward cannot be traced (a detector asserts that training needs
-    ``targets``), fx traces the evaluation-mode forward instead and says so in ``gm.meta["prunefx"]["notes"]``
-    (the analysis summary prints it): layers that only training runs are then not in the graph, and verification
-    traces the pruned model in the same mode. "auto" uses fx unless a plugin registered the model's type for export
-    (transformers), fx cannot trace the model in either mode, or it had to hide parameters inside automatic leaves
-    (their channels would all be frozen); then ``torch.export``, which follows Python control flow by running it on
-    fake tensors.
-    """
-    if capture not in CAPTURES:
-        raise PrunefxError(f"capture must be one of {', '.join(CAPTURES)}; got {capture!r}")
-    example_inputs = tuple(example_inputs)
-    if capture == "export" or (capture == "auto" and prefers_export(model)):
-        return export_graph(model, example_inputs)
-    try:
-        # Train mode exposes every layer that learns (YOLO Detect's raw head, aux classifiers); tracing runs
-        # no tensor op, so nothing in the model changes, and each module's flag is restored afterwards.
-        gm = _trace_train_or_eval(model, example_inputs, leaves)
-    except TraceFailure as fx_failure:
-        if capture == "fx":
-            raise
-        try:
-            return export_graph(model, example_inputs)
-        except TraceFailure as export_failure:
-            raise TraceFailure(f"{fx_failure}\nand with torch.export: {export_failure}") from export_failure
-    auto = gm.meta[META_KEY]["auto_leaves"]
-    if capture == "auto" and any(next(model.get_submodule(n).parameters(), None) is not None for n in auto):
-        try:
-            return export_graph(model, example_inputs)
-        except TraceFailure:
-            return gm  # fx with its automatic leaves (reported in DependencyGraph.auto_leaves) is what there is
-    return gm
-
-
-def _trace_train_or_eval(model: nn.Module, example_inputs: tuple, leaves: Sequence[str]) -> fx.GraphModule:
-    """The training-mode trace; the evaluation-mode one (with a note) when training's forward cannot be traced."""
-    try:
-        return trace(model, example_inputs, leaves=leaves, training=True)
-    except TraceFailure as train_failure:
-        why = str(train_failure).split("\n")
-        try:
-            gm = trace(model, example_inputs, leaves=leaves, training=False)
-        except TraceFailure as eval_failure:
-            raise TraceFailure(f"{train_failure}\nand in evaluation mode: {eval_failure}") from eval_failure
-    where = next((line.strip()[3:] for line in why if line.strip().startswith("at ")), "")
-    gm.meta[META_KEY]["notes"] = (
-        f"traced in evaluation mode: the training-mode forward cannot be traced ({why[0]}"
-        + (f" at {where}" if where else "") + "); layers only training runs are not analysed",
-    )
-    return gm
 
 
 def _tie_shared_tensors(gm: fx.GraphModule, state) -> None:
@@ -184,4 +126,4 @@ def _tie_shared_tensors(gm: fx.GraphModule, state) -> None:
             )
 
 
-__all__ = ["analyze", "DependencyGraph", "Group", "Member"]
+__all__ = ["analyze", "capture_graph", "CAPTURES", "Capture", "DependencyGraph", "Group", "Member"]

@@ -28,6 +28,7 @@ from prunefx.analysis.products import Product, resolve
 from prunefx.analysis.roles import Kind, Literal, ModuleRole, ParamDim, RecordKey, Role
 from prunefx.analysis.rules._registry import RULES, OpRegistry
 from prunefx.capture.concrete import SizeDecision
+from prunefx.capture.record import capture_info
 from prunefx.capture.trace import SOURCE_KEY
 from prunefx.capture.values import VALUE_KEY
 
@@ -279,7 +280,7 @@ class Engine:
         # a torch.export graph none; owners of functional layers and of literals are looked up here.
         self.modules = {**dict(gm.named_modules()), **(modules or {})}
         self._read_params: dict[RecordKey, str] = {}  # param dims labelled by a get_attr, and the node that read them
-        lifted = set(gm.meta.get("prunefx", {}).get("lifted_constants", ()))
+        lifted = set(capture_info(gm).lifted_constants)
         self.tensors = {
             n for n, _ in (*gm.named_parameters(remove_duplicate=False), *gm.named_buffers(remove_duplicate=False))
         } - lifted
@@ -304,7 +305,7 @@ class Engine:
     def _collect_decisions(self) -> None:
         """The tracer's size decisions that read a labelled dim: whether pruning flips them is known per group."""
         nodes = {n.name: n for n in self.gm.graph.nodes}
-        for rec in self.gm.meta.get("prunefx", {}).get("decisions", ()):
+        for rec in capture_info(self.gm).decisions:
             node = nodes.get(rec["node"])
             if node is None:  # removed by a pass after tracing: nothing reads it any more
                 continue

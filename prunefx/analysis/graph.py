@@ -15,7 +15,8 @@ from prunefx.analysis.atoms import AtomTable
 from prunefx.analysis.groups import Group
 from prunefx.analysis.parts import PartialCapture
 from prunefx.analysis.roles import OUT, Kind, RecordKey, Role, parse_role
-from prunefx.capture.trace import META_KEY, SOURCE_KEY
+from prunefx.capture.record import CapturedBy, capture_info
+from prunefx.capture.trace import SOURCE_KEY
 
 SCHEMA_VERSION = 1
 
@@ -36,7 +37,7 @@ class DependencyGraph:
     atoms: AtomTable = field(repr=False)
     node_labels: dict[str, Any] = field(repr=False)  # fx node name -> Lab / SizeRef / structure of them
     input_shapes: tuple[tuple[int, ...], ...] = ()
-    capture: str = "fx"  # how the graph was captured: "fx" (training-mode trace) or "export" (ATen, eval mode)
+    capture: CapturedBy = "fx"  # how the graph was captured: "fx" (training-mode trace) or "export" (ATen, eval mode)
     # (group id, reason) of groups that prune() froze because pruning them failed the exactness check
     frozen_by_check: tuple[tuple[int, str], ...] = ()
     # parameter dims whose channels live only inside a leaf module (nn.MultiheadAttention's heads): the oracle
@@ -49,7 +50,7 @@ class DependencyGraph:
     @property
     def training(self) -> bool | None:
         """The ``training`` flag the graph was traced with (True, False; None: the modules' own flags)."""
-        return self.gm.meta.get(META_KEY, {}).get("training", True)
+        return capture_info(self.gm).training
 
     def with_frozen(self, items: tuple[tuple[int, str], ...]) -> DependencyGraph:
         """A copy in which groups ``(id, reason)`` are frozen with that reason (the rest shared, not copied)."""

@@ -6,7 +6,7 @@ leaves only help when the failure is inside a submodule. Then:
 
 1. the model runs once concretely on the example inputs (evaluation mode, no grad, every attribute and buffer put
    back afterwards) with forward pre-hooks recording each submodule's inputs;
-2. each top-level child is captured with its recorded inputs (:func:`prunefx.analysis.capture_graph`, as for a
+2. each top-level child is captured with its recorded inputs (:func:`prunefx.capture.capture_graph`, as for a
    whole model); a child that cannot be captured, or only as one automatic leaf, is opened and its children are
    tried, recursively; a submodule the forward never called, or one without parameters, is skipped;
 3. the parts are captured together as one graph: a root (:class:`_Parts`) whose module tree holds exactly the
@@ -35,7 +35,9 @@ from torch import nn
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_map, tree_unflatten
 
 from prunefx.analysis.labels import Lab
-from prunefx.capture.trace import META_KEY, module_state_kept, trace, training_mode
+from prunefx.capture.record import Capture, capture_info, set_capture_info
+from prunefx.capture.select import capture_graph
+from prunefx.capture.trace import module_state_kept, trace, training_mode
 from prunefx.errors import PrunefxError, TraceFailure
 
 BOUNDARY = "boundary of part"  # the reason prefix of a part's frozen outputs
@@ -197,22 +199,20 @@ def _macs(model: nn.Module, inputs: tuple) -> dict[str, float] | None:
 
 def _leafed(gm: fx.GraphModule, paths: Sequence[str]) -> list[str]:
     """The parts that the capture could only keep as automatic leaves (nothing inside them analysed)."""
-    auto = gm.meta.get(META_KEY, {}).get("auto_leaves", {})
+    auto = capture_info(gm).auto_leaves
     return [p for p in paths if p in auto]
 
 
-def _capture(model: nn.Module, paths: Sequence[str], calls: tuple, capture: str, leaves: Sequence[str]):
-    """The parts captured as one graph, as :func:`prunefx.analysis.capture_graph` captures a model.
+def _capture(model: nn.Module, paths: Sequence[str], calls: tuple, capture: Capture, leaves: Sequence[str]):
+    """The parts captured as one graph, as :func:`prunefx.capture.capture_graph` captures a model.
 
     In the parts' root, a part whose training-mode forward fails (a detector asserting that training needs
     targets) becomes an automatic leaf instead of sending the trace to evaluation mode, as it would at the top
     of a model: then the parts are traced in evaluation mode, with the same note."""
-    from prunefx.analysis import capture_graph  # the package's __init__ imports this module
-
     parts = _Parts(model, paths)
     gm = capture_graph(parts, calls, capture, leaves=leaves)
     leafed = _leafed(gm, paths)
-    if not leafed or capture == "export" or gm.meta.get(META_KEY, {}).get("training") is False:
+    if not leafed or capture == "export" or capture_info(gm).training is False:
         return gm
     try:
         in_eval = trace(parts, calls, leaves=leaves, training=False)
@@ -220,27 +220,32 @@ def _capture(model: nn.Module, paths: Sequence[str], calls: tuple, capture: str,
         return gm
     if len(_leafed(in_eval, paths)) >= len(leafed):
         return gm
-    why = gm.meta[META_KEY]["auto_leaves"][leafed[0]]
-    in_eval.meta[META_KEY]["notes"] = (
+    why = capture_info(gm).auto_leaves[leafed[0]]
+    set_capture_info(in_eval, replace(capture_info(in_eval), notes=(
         f"traced in evaluation mode: the training-mode forward of part {leafed[0]!r} cannot be traced ({why}); "
         "layers only training runs are not analysed",
-    )
+    )))
     return in_eval
 
 
-def _capturable(model: nn.Module, path: str, call: Any, capture: str, leaves: Sequence[str]) -> str | None:
+def _capturable(model: nn.Module, path: str, call: Any, capture: Capture, leaves: Sequence[str]) -> str | None:
     """None when the part ``path`` captures on its own with its recorded call; else the first line of why not."""
     try:
         gm = _capture(model, [path], (call,), capture, leaves)
     except TraceFailure as exc:  # named after the part's own type, not the root that held it for capturing
         return _first_lines(exc).replace(_Parts.__name__, type(model.get_submodule(path)).__name__)
     if _leafed(gm, [path]):  # captured only as one opaque leaf: nothing inside it would be analysed
-        return gm.meta[META_KEY]["auto_leaves"][path]
+        return capture_info(gm).auto_leaves[path]
     return None
 
 
 def find_parts(
-    model: nn.Module, inputs: tuple, root_failure: TraceFailure, *, capture: str = "auto", leaves: Sequence[str] = ()
+    model: nn.Module,
+    inputs: tuple,
+    root_failure: TraceFailure,
+    *,
+    capture: Capture = "auto",
+    leaves: Sequence[str] = (),
 ) -> tuple[fx.GraphModule, PartialCapture]:
     """The parts of ``model`` (see the module docstring) captured as one graph, and what was left opaque."""
     parts: list[str] = []
@@ -292,7 +297,7 @@ def find_parts(
     if flops and flops.get(""):
         macs_share = max(0.0, 1.0 - sum(flops.get(p, 0.0) for p in parts) / flops[""])
     out_spec = None
-    if gm.meta.get(META_KEY, {}).get("capture") == "export":  # flat outputs: remember their structure
+    if capture_info(gm).capture == "export":  # flat outputs: remember their structure
         with training_mode(model, False), torch.no_grad(), module_state_kept(model):
             out_spec = tree_flatten(_Parts(model, parts)(*(calls[p] for p in parts)))[1]
     info = PartialCapture(

@@ -2,8 +2,9 @@
 tensor) for every node."""
 
 from prunefx.capture.export import export_graph, prefers_export, register_export
+from prunefx.capture.record import META_KEY, Capture, CapturedBy, CaptureInfo, capture_info, set_capture_info
+from prunefx.capture.select import CAPTURES, capture_graph
 from prunefx.capture.trace import (
-    META_KEY,
     PrunefxTracer,
     register_leaf,
     register_leaf_function,
@@ -16,4 +17,5 @@ __all__ = [
     "META_KEY", "PrunefxTracer", "register_leaf", "register_leaf_function",
     "trace", "training_mode", "VALUE_KEY", "propagate", "value",
     "export_graph", "prefers_export", "register_export",
+    "Capture", "CapturedBy", "CaptureInfo", "capture_info", "set_capture_info", "CAPTURES", "capture_graph",
 ]

@@ -10,9 +10,9 @@ does, the graph so far runs for real on the example inputs (no_grad; the tracer 
 decision there (``if boxes.numel() > 4000:``) follows the example. On a model on the meta device such a condition
 still fails, as before.
 
-Each decision taken this way is recorded (``gm.meta["prunefx"]["specialised"]``: source line -> value), and those
+Each decision taken this way is recorded (``capture_info(gm).specialised``: source line -> value), and those
 that read a size into Python (a condition, an index or ``range()``, ``float()``, ``len()`` of a tensor) also in
-``gm.meta["prunefx"]["decisions"]`` with the graph node they read. :class:`SizeDecision` re-evaluates one at other
+``capture_info(gm).decisions`` with the graph node they read. :class:`SizeDecision` re-evaluates one at other
 sizes of the tensors it reads: the analysis freezes the channels whose pruning would flip it
 (``elif prev.size(1) != self.filters:`` in a NASNet cell), since the graph only holds the branch the trace took.
 """
@@ -131,7 +131,7 @@ def as_number(v: Any) -> Any:
     raise NoConcreteValue(f"a value of type {type(v).__name__} is not known while tracing")
 
 
-# How the Python code used a traced value, as recorded in gm.meta["prunefx"]["decisions"], and what it got from it.
+# How the Python code used a traced value, as recorded in capture_info(gm).decisions, and what it got from it.
 # int() is not among them: its result enters the graph as a literal, which the rules account for like any literal
 # channel count (a reshape argument is rewritten or its channels frozen).
 USES: dict[str, tuple[str, Callable[[Any], Any]]] = {

@@ -32,7 +32,8 @@ import torch.fx.config
 from torch import nn
 from torch.utils._pytree import tree_map
 
-from prunefx.capture.trace import META_KEY, quote_targets, targets_quoted, training_mode
+from prunefx.capture.record import CaptureInfo, set_capture_info
+from prunefx.capture.trace import quote_targets, targets_quoted, training_mode
 from prunefx.capture.values import VALUE_KEY
 from prunefx.errors import TraceFailure
 
@@ -176,7 +177,7 @@ def export_graph(
     tensors = (*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False))
     own = {n for n, _ in tensors}
     lifted = sorted(n for n, _ in (*gm.named_parameters(), *gm.named_buffers()) if n not in own)
-    gm.meta[META_KEY] = {"auto_leaves": {}, "training": False, "lifted_constants": lifted, "capture": "export"}
+    set_capture_info(gm, CaptureInfo(capture="export", training=False, lifted_constants=tuple(lifted)))
     return gm
 
 

@@ -12,7 +12,7 @@ What plain ``torch.fx.symbolic_trace`` lacks and this tracer adds:
   makes a submodule whose forward cannot be traced a leaf, retries, and records which and why;
 - Python decisions on sizes (``if x.size(1) != c:``, ``range(x.shape[1])``) follow the example inputs
   (:mod:`prunefx.capture.concrete`); those that read a size into Python are recorded with the node they read
-  (``gm.meta["prunefx"]["decisions"]``), so the analysis freezes the channels whose pruning would change them;
+  (``capture_info(gm).decisions``), so the analysis freezes the channels whose pruning would change them;
 - submodule names that are no Python identifiers (``a"b``, ``if``) are quoted in the generated code;
 - a failure that no leaf can fix (tensor-valued control flow in the root forward) raises
   :class:`TraceFailure` naming the source line and the fixes.
@@ -44,11 +44,11 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from prunefx import _plugins
 from prunefx._state import attributes_kept
 from prunefx.capture.concrete import ConcreteValues, NoConcreteValue, as_number
+from prunefx.capture.record import CaptureInfo, set_capture_info
 from prunefx.errors import TraceFailure
 
 _LEAF_TYPES: set[type[nn.Module]] = set()
 _MAX_AUTO_LEAVES = 64
-META_KEY = "prunefx"
 SOURCE_KEY = "prunefx_source"  # node.meta: (file, line, function) of the model code that made the node
 _TORCH_DIR = str(torch.__file__).rsplit("/", 1)[0] + "/"
 
@@ -533,7 +533,7 @@ def trace(
     ``leaves``: qualified module names to keep opaque. ``training``: trace with every module's flag set to
     this value (restored afterwards); None keeps the current flags. ``auto_leaf``: when a submodule's
     forward cannot be traced, make it a leaf and retry. The leaves made automatically are recorded in
-    ``gm.meta["prunefx"]["auto_leaves"]`` as ``{qualified_name: reason}``.
+    ``capture_info(gm).auto_leaves`` as ``{qualified_name: reason}``.
     """
     if not isinstance(model, nn.Module):
         raise TraceFailure(f"expected a torch.nn.Module, got {type(model).__name__}; pass the model object itself")
@@ -572,10 +572,10 @@ def trace(
         n for n, _ in (*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False))
     }
     lifted = sorted(n for n, _ in gm.named_buffers() if n not in own)  # torch.tensor(...) constants in forward
-    gm.meta[META_KEY] = {
-        "auto_leaves": auto, "training": training, "lifted_constants": lifted, "specialised": tracer.specialised,
-        "decisions": tracer.decisions, "capture": "fx",
-    }
+    set_capture_info(gm, CaptureInfo(
+        capture="fx", auto_leaves=auto, training=training, lifted_constants=tuple(lifted),
+        specialised=tracer.specialised, decisions=tuple(tracer.decisions),
+    ))
     return gm
 
 

@@ -22,6 +22,7 @@ from torch import nn
 
 import prunefx
 from prunefx.analysis.roles import Kind
+from prunefx.capture import capture_info
 from prunefx.errors import TraceFailure
 
 
@@ -912,7 +913,7 @@ def test_trace_matches_eager(cls):
     x = torch.randn(1, 3, 4, 4)
     gm = prunefx.trace(model, (x,))
     assert [n.name for n in gm.graph.nodes if n.op == "placeholder"] == ["x"]
-    assert gm.meta["prunefx"]["auto_leaves"] == {}
+    assert capture_info(gm).auto_leaves == {}
     torch.testing.assert_close(gm(x), model(x))
 
 
@@ -947,7 +948,7 @@ def _line_of(fn, text: str) -> int:
 def test_untraceable_submodule_becomes_an_auto_leaf_with_its_reason():
     model = WithGate()
     gm = prunefx.trace(model, torch.randn(1, 3, 4, 4))
-    leaves = gm.meta["prunefx"]["auto_leaves"]
+    leaves = capture_info(gm).auto_leaves
     assert list(leaves) == ["gate"]
     line = _line_of(DataDependentGate.forward, "if x.sum() > 0")
     assert f"{__file__}:{line}" in leaves["gate"] and "if x.sum() > 0" in leaves["gate"]

@@ -12,7 +12,7 @@ import torch.fx as fx
 from torch import nn
 
 import prunefx
-from prunefx.capture import register_leaf_function, trace
+from prunefx.capture import capture_info, register_leaf_function, trace
 
 
 class ListDetector(nn.Module):
@@ -47,7 +47,7 @@ def test_a_list_of_images_gets_one_placeholder_per_image_and_the_graph_takes_the
     model, images = ListDetector().eval(), _images()
     gm = trace(model, (images,), training=False)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    assert len(placeholders) == 2 and not gm.meta["prunefx"]["auto_leaves"]
+    assert len(placeholders) == 2 and not capture_info(gm).auto_leaves
     assert any(n.target is operator.setitem for n in gm.graph.nodes)  # the in-place write is in the graph
     got, want = gm(images), model(images)
     assert len(got) == len(want) == 2
@@ -114,12 +114,12 @@ def test_type_checks_cached_helpers_and_data_dependent_sizes_are_followed():
     model(x)  # caches the helper object: the trace gets it as an argument
     register_leaf_function(sys.modules[__name__], "scaled")
     gm = trace(model, (x,), training=False)
-    assert not gm.meta["prunefx"]["auto_leaves"]
+    assert not capture_info(gm).auto_leaves
     calls = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is scaled]
     assert len(calls) == 1  # recorded as one node, its helper a constant of the graph
     assert isinstance(calls[0].args[1], fx.Node) and calls[0].args[1].op == "get_attr"
     assert not hasattr(model, calls[0].args[1].target)  # the constant lives on the graph, not on the model
-    assert any(v is True for v in gm.meta["prunefx"]["specialised"].values())  # the data-dependent branch
+    assert any(v is True for v in capture_info(gm).specialised.values())  # the data-dependent branch
     torch.testing.assert_close(gm(x), model(x))
 
 

@@ -12,6 +12,7 @@ from _nets import randomize_bn
 from torch import nn
 
 import prunefx
+from prunefx.capture import capture_info
 from prunefx.plan import PlanConfig
 from prunefx.verify import verify
 
@@ -128,14 +129,14 @@ def test_a_condition_an_assert_a_range_and_a_float_on_a_channel_count_freeze_its
 
 def test_every_size_decision_is_recorded_and_those_no_pruning_changes_leave_their_groups_prunable(decisions_dg):
     gm = prunefx.trace(Decisions(), (torch.randn(1, 3, 8, 8),))
-    uses = {d["code"].split("  #")[0]: (d["use"], d["value"]) for d in gm.meta["prunefx"]["decisions"]}
+    uses = {d["code"].split("  #")[0]: (d["use"], d["value"]) for d in capture_info(gm).decisions}
     assert uses["if a.shape[1] == 16:"] == ("condition", True)
     assert uses["for i in range(c.size(1)):"] == ("index", 16)
     assert uses["d = d / float(d.size(1))"] == ("float", 16)
     assert uses["if f.numel() > 0:"] == ("condition", True)
     assert uses["if g.size(1) != f.size(1):"] == ("condition", False)
     nodes = {n.name for n in gm.graph.nodes}
-    assert all(d["node"] in nodes for d in gm.meta["prunefx"]["decisions"])
+    assert all(d["node"] in nodes for d in capture_info(gm).decisions)
     for module in ("e.0", "f.0", "g.0", "h.0"):  # a reshape argument; decisions true at any width pruning leaves
         group = decisions_dg.group_of(module)
         assert group.prunable, (module, group.reasons)

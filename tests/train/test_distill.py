@@ -1,4 +1,5 @@
-"""Knowledge distillation: off by default, and when on it changes the loss (classification and YOLO)."""
+"""Knowledge distillation: off by default, and when on it changes the loss (classification; YOLO output KD:
+tests/integrations/test_ultralytics_distill.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from torch import nn
 
 from prunefx._config import ConfigError
 from prunefx.pipeline.config import PruneSpec
-from prunefx.train.distill import DetectDistillLoss, DistillConfig, classification_loss, logits_kd
+from prunefx.train.distill import DistillConfig, classification_loss, logits_kd
 
 
 def test_distillation_is_off_by_default() -> None:
@@ -52,33 +53,6 @@ def test_fit_with_a_teacher_trains_on_a_different_loss() -> None:
     teacher = nn.Sequential(nn.Flatten(), nn.Linear(64, 4))
     with_kd = fit(net(), data, cfg, log=lambda _: None, teacher=teacher).history[0]["loss"]
     assert with_kd != plain
-
-
-def test_yolo_output_kd_adds_a_term_to_ultralytics_loss() -> None:
-    from ultralytics.cfg import get_cfg
-    from ultralytics.nn.tasks import DetectionModel
-
-    torch.manual_seed(0)
-    student, teacher = (DetectionModel("yolov8n.yaml", nc=4, verbose=False) for _ in range(2))
-    student.args = get_cfg()
-    student.train()
-    batch = {"img": torch.rand(2, 3, 64, 64), "cls": torch.tensor([[0.0], [2.0]]),
-             "bboxes": torch.tensor([[0.5, 0.5, 0.3, 0.3], [0.3, 0.4, 0.2, 0.2]]),
-             "batch_idx": torch.tensor([0.0, 1.0])}
-    base = student.init_criterion()
-    preds = student(batch["img"])
-    plain, items = base(preds, batch)
-    record: list[float] = []
-    wrapped = DetectDistillLoss(base, teacher, DistillConfig(temperature=1.0, weight=1.0), student.model[-1].reg_max,
-                                record=record)
-    total, items_kd = wrapped(preds, batch)
-    assert torch.allclose(total[: plain.numel()], plain.reshape(-1))  # the task loss is untouched
-    assert total.sum() > plain.sum() and len(record) == 1 and record[0] > 0
-    assert abs(total[-1].item() - record[0] * 2) < 1e-5  # weight x KD x batch size, ultralytics' loss scale
-    assert set(items_kd) == set(items)  # logged loss columns keep the task's names
-    total.sum().backward()
-    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in student.model[-1].parameters())
-    assert hasattr(wrapped, "update") == hasattr(base, "update")  # the trainer's per-epoch call reaches the task loss
 
 
 def test_a_distill_weight_outside_0_1_is_refused_for_classification(tmp_path) -> None:

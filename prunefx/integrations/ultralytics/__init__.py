@@ -1,5 +1,6 @@
-"""ultralytics integration: offline setup (``env``), checkpoints (``io``), the trainer hand-over (``train``),
-ultralytics' GFLOPs convention (``gflops``) and the analysis plugin (``plugin``, imported once ultralytics is).
+"""ultralytics integration: offline setup (``env``), checkpoints (``io``), the trainer hand-over (``train``), its
+output distillation (``distill``), ultralytics' GFLOPs convention (``gflops``) and the analysis plugin (``plugin``,
+imported once ultralytics is).
 
 This package's ``__init__`` imports nothing from ultralytics: ``env.setup_offline()`` must run before the first
 ``import ultralytics``.

@@ -21,8 +21,9 @@ from typing import Any
 from torch import nn
 
 from prunefx.errors import PrunefxError
+from prunefx.integrations.ultralytics.distill import DetectDistillLoss
 from prunefx.integrations.ultralytics.io import load_yolo
-from prunefx.train.distill import DetectDistillLoss, DistillConfig
+from prunefx.train.distill import DistillConfig
 from prunefx.train.sparsity import BNSparsity, SparsityConfig, sparsity_stats
 
 

@@ -214,27 +214,29 @@ def test_sparsity_stats_and_fraction_below():
 
 
 def test_target_sparsity_steers_the_log_speed_of_the_quantile():
-    sched = TargetSparsity(target=0.5, total_steps=100, threshold=0.01, reach=0.5, gain=1.0, every=10, s_max=0.03)
+    sched = TargetSparsity(target=0.5, total_steps=100, threshold=0.01, reach=0.5, gain=1.0, every=10, s_max=0.03,
+                           aim=0.5)
     g = torch.ones(10)
     assert sched(0, 1e-3, [g]) == 1e-3  # first measurement: no speed yet
     assert sched(5, 1e-3, [g]) == 1e-3  # not a measuring step
     assert sched(10, 1e-3, [g]) == pytest.approx(1e-3 * math.e)  # median stuck, plan wants it to fall: up
     v = math.log(10) / 10  # median 1 -> 0.1 in 10 steps
-    wanted = math.log(0.1 / 0.01) / (50 - 20)  # lands it on the threshold at step 50
+    wanted = math.log(0.1 / 0.005) / (50 - 20)  # lands it on aim * threshold at step 50, safely below the threshold
     assert sched(20, 1e-3, [g * 0.1]) == pytest.approx(1e-3 * math.exp((wanted - v) / (wanted + v)))  # too fast: down
-    assert sched(30, 1e-3, [g * 0.005]) < 1e-3  # below the threshold: back off
-    assert sched(40, 0.029, [g * 0.005]) < 0.029 and sched(50, 0.029, [g * 0.5]) == 0.03  # s_max
+    assert sched(30, 1e-3, [g * 0.004]) < 1e-3  # below where it is steered: back off
+    assert sched(40, 0.029, [g * 0.004]) < 0.029 and sched(50, 0.029, [g * 0.5]) == 0.03  # s_max
     with pytest.raises(PrunefxError):
         TargetSparsity(target=1.5, total_steps=10)
 
 
 def test_target_sparsity_damps_the_noise_of_a_held_quantile():
-    # Once q sits at the threshold both speeds are noise near 0: s moves by a fraction of the gain, not by e.
-    sched = TargetSparsity(target=0.5, total_steps=100, threshold=0.01, reach=0.5, every=10)
+    # Once q sits where it is steered (aim * threshold) both speeds are noise near 0: s moves by a fraction of the
+    # gain, not by e.
+    sched = TargetSparsity(target=0.5, total_steps=100, threshold=0.01, reach=0.5, every=10, aim=0.5)
     g = torch.ones(10)
-    sched(0, 1.0, [g])  # plans q from 1 down to 0.01 by step 50
-    sched(60, 1.0, [g * 0.0105])
-    s = sched(70, 1.0, [g * 0.0098])  # q wobbled 7% across the threshold
+    sched(0, 1.0, [g])  # plans q from 1 down to 0.005 by step 50
+    sched(60, 1.0, [g * 0.00525])
+    s = sched(70, 1.0, [g * 0.0049])  # q wobbled 7% across its set point
     assert 0.8 < s < 1.0
     assert TargetSparsity(total_steps=1000).every == 10 and TargetSparsity(total_steps=76).every == 2
 
@@ -258,7 +260,10 @@ def test_sparsity_config_builds_the_regulariser_it_describes():
         .regularizer(model, total_steps=200)
     assert list(reg.modules) == ["1"] and reg.select == 0.25 and reg.step_s == 2e-3
     assert isinstance(reg.schedule, TargetSparsity) and reg.schedule.s_max == 5e-3 and reg.schedule.target == 0.25
-    assert reg.schedule.total_steps == 200
+    assert reg.schedule.total_steps == 200 and reg.schedule.aim == 0.5  # selective: lockstep gammas, steered below
+    assert SparsityConfig(schedule="target").regularizer(model, 200).schedule.aim == 1.0
+    with pytest.raises(PrunefxError, match="aim"):
+        TargetSparsity(total_steps=10, aim=0)
     plain = SparsityConfig(s=1e-4).regularizer(model, total_steps=10)
     assert plain.schedule is None and plain.select is None and plain.max_step is None
     with pytest.raises(PrunefxError, match="resolved"):

@@ -28,10 +28,10 @@ import sys
 from pathlib import Path
 
 import prunefx.cli.main
-import prunefx.html.page
 import prunefx.report
+import prunefx.view.page
 
-for module in (prunefx, prunefx.report, prunefx.html.page, prunefx.cli.main):
+for module in (prunefx, prunefx.report, prunefx.view.page, prunefx.cli.main):
     where = Path(module.__file__).resolve()
     assert "site-packages" in where.parts and not where.is_relative_to(sys.argv[1]), f"{module.__name__} from {where}"
 EOF

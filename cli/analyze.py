@@ -31,6 +31,7 @@ def analyze(
     import prunefx
     from prunefx._io import atomic_write
     from prunefx.spec import load_spec
+    from prunefx.view import to_html
 
     loaded = load_spec(spec, imgsz=imgsz, trust_checkpoint=trust_checkpoint)
     dg = prunefx.analyze(loaded.model, loaded.example_inputs)
@@ -49,5 +50,5 @@ def analyze(
         console.out(f"wrote {json_path}")
     if html_path is not None:
         html_path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(html_path, dg.to_html().encode())
+        atomic_write(html_path, to_html(dg).encode())
         console.out(f"wrote {html_path}")

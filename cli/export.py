@@ -51,7 +51,6 @@ def export(
     YOLO models go through ultralytics' own exporter; everything else through torch.onnx (TorchScript exporter),
     with eval BatchNorm folded into the convolutions first.
     """
-    from prunefx.export import export_onnx
     from prunefx.spec import load_spec
 
     path = Path(source)
@@ -60,12 +59,9 @@ def export(
     else:
         loaded = load_spec(source, imgsz=imgsz, trust_checkpoint=trust_checkpoint)
         target = out or Path(loaded.name.replace(":", "_").replace("/", "_").removesuffix(".pt") + ".onnx")
-        if loaded.kind in ("ultralytics", "checkpoint"):
-            result = _yolo(loaded.model, target, loaded.example_inputs[0].shape[-1], opset, dynamic_batch)
-        else:
-            result = export_onnx(
-                loaded.model, loaded.example_inputs, target, opset=opset or ONNX_OPSET, dynamic_batch=dynamic_batch
-            )
+        result = loaded.family.export_onnx(
+            loaded.model, loaded.example_inputs, target, opset=opset, dynamic_batch=dynamic_batch
+        )
     new_console().print(f"[green]wrote {result.describe()}[/green]", soft_wrap=True)
 
 
@@ -104,11 +100,11 @@ def _export_run(
         plan = json.loads((run / "plan.json").read_text())
         size = imgsz or plan["input_shapes"][0][-1]
         loaded = load_spec(spec, imgsz=size, trust_checkpoint=trust)
-        if loaded.kind in ("ultralytics", "checkpoint"):
-            return _yolo(pruned, target, size, opset, dynamic, trust)
-        model = prunefx.load(pruned, lambda: load_spec(spec, imgsz=size, trust_checkpoint=trust).model).eval()
-        x = tuple(torch.rand(s, generator=torch.Generator().manual_seed(0)) for s in plan["input_shapes"])
-        return export_onnx(model, x, target, opset=opset or ONNX_OPSET, dynamic_batch=dynamic)
+        model = loaded.family.load(pruned, lambda: loaded.model, trust_checkpoint=trust).eval()
+        # The run's own inputs, unless --imgsz asks for another size (the SPEC was just built at it)
+        x = loaded.example_inputs if imgsz is not None else tuple(
+            torch.rand(s, generator=torch.Generator().manual_seed(0)) for s in plan["input_shapes"])
+        return loaded.family.export_onnx(model, x, target, opset=opset, dynamic_batch=dynamic)
     raise PrunefxError(
         f"{run} is not a run directory prunefx can export: expected weights/best.pt (YOLO pipeline), "
         "weights/finetuned.pt or weights/pruned.pt with config.yaml (classification pipeline) or pruned.pt with "

@@ -54,7 +54,6 @@ def flops(
 ) -> None:
     """Count the MACs and FLOPs (= 2 x MACs) of one forward of SPEC, its parameters and size, and optionally time it."""
     from prunefx._io import atomic_write
-    from prunefx.integrations.ultralytics.gflops import ultralytics_gflops
     from prunefx.metrics import CONVENTIONS, measure
     from prunefx.metrics import latency as measure_latency
     from prunefx.metrics.backends import Deployment
@@ -71,9 +70,8 @@ def flops(
     image = loaded.example_inputs[0]
     inputs = (image.expand(batch, *image.shape[1:]).contiguous(),)
     cost = measure(loaded.model, inputs, by="leaf")
-    # Ultralytics defines its GFLOPs per image (batch 1) whatever the batch; only its models have the convention.
-    is_yolo = loaded.kind in ("ultralytics", "checkpoint")
-    gflops = ultralytics_gflops(loaded.model, tuple(image.shape[-2:])) if is_yolo else None
+    # Per image (batch 1) whatever the batch, as ultralytics defines it; only its models have a count of their own.
+    gflops = loaded.family.native_gflops(loaded.model, loaded.example_inputs)
     timing = (
         measure_latency(loaded.model, inputs, threads=threads, backend=backend.value, device=device)
         if latency

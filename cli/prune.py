@@ -204,6 +204,7 @@ def _prune_once(
     """The pipelines' stage loop without training (baseline -> prune -> report), run directory built aside."""
     from prunefx.pipeline.backends.spec import run_spec
     from prunefx.pipeline.config import PruneSpec, RunOptions
+    from prunefx.pipeline.records import PruneDone, read
     from prunefx.pipeline.runner import ONE_SHOT, Job
     from prunefx.plan import PruningPlan
     from prunefx.report import load_report, render_table
@@ -216,17 +217,18 @@ def _prune_once(
     with console.status(status + "planning, rewriting, verifying, measuring"):
         run = run_spec(job, loaded, run_dir, deployment=deployment, log=lambda _msg: None)
     report = load_report(run.root)
-    pruned = run.done("prune")
+    pruned = read("prune", run.done("prune"))
+    assert isinstance(pruned, PruneDone)
     console.print(render_table(report))
     console.print(PruningPlan.from_json((run.root / "plan.json").read_text()).summary())
-    if pruned.get("latency_target"):
-        met = pruned["latency_target"]["met"]
-        console.print(f"latency target: {pruned['latency_target']['note']}", style="green" if met else "yellow")
+    if pruned.latency_target:
+        met = pruned.latency_target.met
+        console.print(f"latency target: {pruned.latency_target.note}", style="green" if met else "yellow")
     for warning in report["warnings"]:
         console.print(f"[yellow]warning: {warning}[/yellow]")
-    console.print(f"[green]verify: {pruned['verify']}[/green]")
-    for frozen in pruned.get("frozen_by_check", []):
-        console.print(f"[yellow]frozen by the check: {frozen['name']}: {frozen['reason']}[/yellow]")
+    console.print(f"[green]verify: {pruned.verify}[/green]")
+    for frozen in pruned.frozen_by_check:
+        console.print(f"[yellow]frozen by the check: {frozen.name}: {frozen.reason}[/yellow]")
     console.print(f"run directory: {run.root} (report.md, report.html, report.json, plan.json, pruned.pt)")
 
 

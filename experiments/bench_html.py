@@ -29,8 +29,8 @@ import torch
 
 import prunefx
 from experiments import _table as table
-from prunefx.analysis.view import graph_data
 from prunefx.report import groups_html
+from prunefx.view.graph_data import graph_data
 
 FIELDS = ["model", "nodes", "edges", "groups", "analyze_s", "graph_data_s", "page_s", "page_mb", "load_draw_s",
           "load_draw_max_s", "script_s", "within_budget"]

@@ -21,6 +21,7 @@ import os
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import torch
@@ -30,11 +31,11 @@ from prunefx._config import from_dict
 from prunefx.analysis import Capture, DependencyGraph, analyze
 from prunefx.analysis.parts import PartialCapture, check_inputs
 from prunefx.errors import TiedScoresWarning, VerificationError
-from prunefx.importance import Scores, score, ties_at_cut
-from prunefx.metrics import Deployment, compare_latency
-from prunefx.metrics.latency_table import LatencyTable
+from prunefx.importance import Scores, compensates, score, ties_at_cut
+from prunefx.metrics import Deployment
 from prunefx.plan import CostModel, GroupPlan, PlanConfig, PlanError, PruningPlan, make_plan
-from prunefx.plan.latency import LatencyModel, LatencyOutcome, meet_latency
+from prunefx.plan.latency import LatencyModel, LatencyOutcome
+from prunefx.plan.measured import plan_for_latency
 from prunefx.transform import Compensation, apply_plan, compensate, owned_modules
 from prunefx.verify import VerifyResult, verify
 
@@ -79,8 +80,8 @@ def prune(
 
     ``config`` defaults to ``PlanConfig()``: keep half the FLOPs; a mapping of its fields (``{"flops": 0.5}``) works.
 
-    ``bias_compensation`` (default: on for ``bn_scale``) folds the removed channels' mean contribution
-    into their consumers first; the oracle then checks against the equally compensated original.
+    ``bias_compensation`` (default: the criterion's registration, on for ``bn_scale``) folds the removed channels'
+    mean contribution into their consumers first; the oracle then checks against the equally compensated original.
     ``capture`` ("auto", "fx", "export") is how :func:`prunefx.analyze` captures the model.
     A latency target (``PlanConfig(latency=0.5)``) or ``round_to="auto"`` is measured on ``deployment``
     (default: torch on the CPU with torch's threads, the example's batch): the model's layers are timed at
@@ -100,14 +101,41 @@ def prune(
     as fixed cost, so a target below it is not reachable), verified end to end on the whole model.
     ``PruneResult.parts`` and the plan's summary say which parts and what stayed opaque.
     """
-    if isinstance(example_inputs, torch.Tensor):
-        example_inputs = (example_inputs,)
-    example_inputs = tuple(example_inputs)
+    example_inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
     config = _plan_config(config)
-    if bias_compensation is None:
-        bias_compensation = criterion == "bn_scale"
+    compensated = compensates(criterion) if bias_compensation is None else bias_compensation
     dg = analyze(model, example_inputs, capture=capture)
-    if config.latency is not None or config.round_to == "auto":
+    _check_capture(dg, config)
+    owned = owned_modules(model)
+    scores = score(model, dg, criterion, **score_kwargs)
+    cost = CostModel(model, dg, example_inputs) if check or config.target[0] in ("flops", "params") else None
+    latency, outcome = None, None
+    if config.needs_latency:
+        plan, outcome, latency = plan_for_latency(
+            model, dg, scores, config, example_inputs, apply=apply_plan, capture=capture, deployment=deployment,
+            cache=latency_cache, cost=cost, owned_constants=owned,
+        )
+    else:
+        plan = make_plan(dg, scores, config, cost=cost, owned_constants=owned)
+    extra = _target_extras(dg, latency)
+    plan = replace(plan, target={**plan.target, **extra})
+    verified = None
+    if check:
+        trial = _Trial(model, example_inputs, config, compensated)
+        replan = partial(_replan, scores=scores, config=config, cost=cost, latency=latency, owned=owned, extra=extra)
+        dg, plan, verified = _checked_plan(trial, dg, plan, replan)
+    said = _warn_ties(scores, plan)
+    compensation = compensate(model, dg, plan, example_inputs) if compensated else None
+    pruned = apply_plan(model, dg, plan, graph_rewrite=config.graph_rewrite)
+    if check:
+        trial.assert_same(pruned)
+    return PruneResult(model=pruned, plan=plan, graph=dg, scores=scores, verified=verified, compensation=compensation,
+                       latency=outcome, frozen_by_check=dg.frozen_by_check, warnings=said)
+
+
+def _check_capture(dg: DependencyGraph, config: PlanConfig) -> None:
+    """Refuse what this capture cannot do: time the layers of a partial capture, return an exported graph."""
+    if config.needs_latency:
         check_inputs(dg.parts, "a latency target or round_to='auto' (layers timed from the graph)")
     if config.graph_rewrite:
         check_inputs(dg.parts, "graph_rewrite (the rewritten graph is returned as the model)")
@@ -115,57 +143,29 @@ def prune(
             raise PlanError("graph_rewrite needs an fx capture: this model was captured with torch.export, whose "
                             "graph cannot be returned as the model; pass capture='fx' (if fx can trace it) or leave "
                             "graph_rewrite off")
-    owned = owned_modules(model)
-    scores = score(model, dg, criterion, **score_kwargs)
-    needs_cost = config.flops is not None or config.params is not None
-    cost = CostModel(model, dg, example_inputs) if needs_cost or check else None
-    outcome, lat, extra_target = None, None, {}
-    if config.latency is not None or config.round_to == "auto":
-        dep = (deployment or Deployment()).resolve(example_inputs)
-        pristine = copy.deepcopy(model)
-        base_ms = compare_latency({"base": pristine}, example_inputs, dep, budget_s=_BUDGET_S)["base"].median_ms
-        table = LatencyTable(dep, latency_cache)
-        lat = LatencyModel(model, dg, table, base_ms=base_ms, config=config)
 
-        def plan_for(fraction: float) -> PruningPlan:
-            cfg = replace(config, latency=fraction) if config.latency is not None else config
-            return make_plan(dg, scores, cfg, cost=cost, latency=lat, owned_constants=owned)
 
-        def measure(candidate: PruningPlan) -> tuple[float, str | None]:
-            work = copy.deepcopy(pristine)
-            work_dg = analyze(work, example_inputs, capture=capture)
-            pruned = apply_plan(work, work_dg, candidate, graph_rewrite=config.graph_rewrite)
-            t = compare_latency({"base": pristine, "pruned": pruned}, example_inputs, dep, budget_s=_BUDGET_S)
-            return t["pruned"].median_ms / t["base"].median_ms, t["pruned"].noise or t["base"].noise
+def _target_extras(dg: DependencyGraph, latency: LatencyModel | None) -> dict[str, Any]:
+    """What a plan's target records besides the config: where latency was measured, which code was not pruned."""
+    extra = latency.measured_on() if latency is not None else {}
+    if dg.parts is not None:  # saved with the plan and printed by its summary
+        extra["partial_capture"] = dg.parts.to_dict()
+    return extra
 
-        if config.latency is not None:
-            plan, outcome = meet_latency(plan_for, measure, config.latency)
-        else:
-            plan = plan_for(0.0)
-        extra_target = {"deployment": dep.describe(), "latency_table": table.name}
-        plan = replace(plan, target={**plan.target, **extra_target})
-    else:
-        plan = make_plan(dg, scores, config, cost=cost, owned_constants=owned)
-    if dg.parts is not None:  # saved with the plan and printed by its summary: which code was not pruned
-        extra_target = {**extra_target, "partial_capture": dg.parts.to_dict()}
-        plan = replace(plan, target={**plan.target, **extra_target})
 
-    def replan(frozen: DependencyGraph) -> PruningPlan:
-        """The same target on the analysis with the groups that failed the check frozen."""
-        cfg = replace(config, latency=plan.target["latency"]) if config.latency is not None else config
-        again = make_plan(frozen, scores, cfg, cost=cost, latency=lat, owned_constants=owned)
-        return replace(again, target={**again.target, **extra_target})
-
-    verified = None
-    if check:
-        trial = _Trial(model, example_inputs, config, bias_compensation)
-        dg, plan, verified = _checked_plan(trial, dg, plan, replan)
-    said = _warn_ties(scores, plan)
-    compensation = compensate(model, dg, plan, example_inputs) if bias_compensation else None
-    pruned = apply_plan(model, dg, plan, graph_rewrite=config.graph_rewrite)
-    if check:
-        trial.assert_same(pruned)
-    return PruneResult(pruned, plan, dg, scores, verified, compensation, outcome, dg.frozen_by_check, said)
+def _replan(
+    frozen: DependencyGraph,
+    *,
+    scores: Scores,
+    config: PlanConfig,
+    cost: CostModel | None,
+    latency: LatencyModel | None,
+    owned: frozenset[str],
+    extra: Mapping[str, Any],
+) -> PruningPlan:
+    """The same target on the analysis with the groups that failed the check frozen."""
+    again = make_plan(frozen, scores, config, cost=cost, latency=latency, owned_constants=owned)
+    return replace(again, target={**again.target, **extra})
 
 
 def _plan_config(config: Any) -> PlanConfig:
@@ -188,9 +188,6 @@ def _warn_ties(scores: Scores, plan: PruningPlan) -> tuple[str, ...]:
     message = ties.message()
     warnings.warn(message, TiedScoresWarning, stacklevel=3)  # at the caller of prune()
     return (message,)
-
-
-_BUDGET_S = 15.0  # seconds of timed forwards per model per latency measurement (fewer repeats for slow models)
 
 
 class _Trial:
@@ -282,8 +279,9 @@ def _units(dg: DependencyGraph, plan: PruningPlan) -> list[list[int]]:
 def _restrict(plan: PruningPlan, groups: set[int]) -> PruningPlan:
     """``plan`` with only ``groups`` pruned; every other group keeps all its channels."""
     return replace(plan, groups=tuple(
-        gp if gp.group in groups else GroupPlan(gp.group, gp.before, gp.before, tuple(range(gp.before)),
-                                                "kept whole while localising a failure", gp.label)
+        gp if gp.group in groups else GroupPlan(group=gp.group, before=gp.before, after=gp.before,
+                                                keep=tuple(range(gp.before)),
+                                                why="kept whole while localising a failure", label=gp.label)
         for gp in plan.groups
     ))
 

@@ -7,7 +7,8 @@ of its members at once: every BatchNorm it passes, every weight slice that would
 >>> s = score(model, dg, "bn_scale")      # network slimming; l2 where a group has no BatchNorm
 >>> s.values[g.id], s.used[g.id]          # (array of g.channels scores, "bn_scale")
 
-New criteria plug in with ``@register_criterion("name")`` on ``fn(ctx, group) -> np.ndarray | None``.
+New criteria plug in with ``@register_criterion("name")`` on ``fn(ctx, group) -> np.ndarray | None``; a criterion
+registered with ``compensate=True`` gets bias compensation in ``prunefx.prune`` unless the caller says otherwise.
 """
 
 from __future__ import annotations
@@ -33,23 +34,34 @@ Criterion = Callable[["ScoreContext", Group], "np.ndarray | None"]
 
 CRITERIA: dict[str, Criterion] = {}
 _NOT_APPLICABLE: dict[str, str] = {}  # criterion name -> why it may return None (shown in Scores.used)
+_COMPENSATE: dict[str, bool] = {}  # criterion name -> whether prune() compensates biases by default
 
 
 def register_criterion(
-    name: str, *, not_applicable: str = "criterion does not apply"
+    name: str, *, not_applicable: str = "criterion does not apply", compensate: bool = False
 ) -> Callable[[Criterion], Criterion]:
     """Register ``fn(ctx, group)``; ``not_applicable`` says why it returns None, e.g. "no BatchNorm in group".
 
-    >>> @register_criterion("gamma_sq", not_applicable="no BatchNorm in group")
+    ``compensate``: ``prunefx.prune`` folds the removed channels' mean contribution into their consumers by
+    default (``bias_compensation=None``), for criteria that remove channels whose output is near-constant, not
+    near-zero (a small BatchNorm gamma leaves its beta).
+
+    >>> @register_criterion("gamma_sq", not_applicable="no BatchNorm in group", compensate=True)
     ... def gamma_sq(ctx, group): ...
     """
 
     def deco(fn: Criterion) -> Criterion:
         CRITERIA[name] = fn
         _NOT_APPLICABLE[name] = not_applicable
+        _COMPENSATE[name] = compensate
         return fn
 
     return deco
+
+
+def compensates(criterion: str) -> bool:
+    """Whether ``criterion`` was registered with ``compensate=True`` (False for a name never registered)."""
+    return _COMPENSATE.get(criterion, False)
 
 
 @dataclass(frozen=True)
@@ -329,7 +341,7 @@ def ties_at_cut(scores: Scores | Mapping[int, np.ndarray], kept: Mapping[int, Se
 # ---- criteria ------------------------------------------------------------------------------------
 
 
-@register_criterion("bn_scale", not_applicable="no BatchNorm in group")
+@register_criterion("bn_scale", not_applicable="no BatchNorm in group", compensate=True)
 def bn_scale(ctx: ScoreContext, group: Group) -> np.ndarray | None:
     """|gamma| averaged over every affine BatchNorm of the group (network slimming, Liu et al. 2017)."""
     rows = [

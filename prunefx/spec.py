@@ -10,7 +10,8 @@ SPEC forms::
 Checkpoints load weights-only (``trust_checkpoint=True`` unpickles fully: any code in the file runs) and model yamls
 may name only torch.nn activations and model layers unless trusted. A factory SPEC runs its module's code: that is
 what it is for. Its module is looked up in the current directory too, after installed packages and only while it
-is imported, so a file there never shadows a library.
+is imported, so a file there never shadows a library. The result names its :mod:`~prunefx.family`, which saves,
+exports and costs the model as its library does.
 
 >>> loaded = load_spec("torchvision:resnet18", imgsz=64)
 >>> prunefx.analyze(loaded.model, loaded.example_inputs)
@@ -26,7 +27,7 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -36,6 +37,7 @@ from torch import nn
 
 from prunefx._defaults import FORMS, TORCHVISION_DEFAULT_SIZE, TORCHVISION_SIZES, YOLO_DEFAULT_SIZE, YOLO_SIZES
 from prunefx.errors import PrunefxError, SpecError, UntrustedFileError
+from prunefx.family import TORCH, ModelFamily, get_family
 
 Kind = Literal["torchvision", "ultralytics", "factory", "checkpoint"]
 
@@ -47,12 +49,13 @@ _FACTORY = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 
 @dataclass(frozen=True)
 class LoadedModel:
-    """A model in eval mode and one batch of example inputs it accepts."""
+    """A model in eval mode, one batch of example inputs it accepts, and the family that saves and exports it."""
 
     model: nn.Module
     example_inputs: tuple[torch.Tensor, ...]  # one (1, C, H, W) image batch
     name: str  # the SPEC it was loaded from
-    kind: Kind
+    kind: Kind  # the SPEC's form, for display (flops --json); what to do with the model asks ``family``
+    family: ModelFamily
 
 
 def load_spec(
@@ -73,17 +76,18 @@ def load_spec(
     except RuntimeError as exc:
         raise SpecError(f"unknown device '{device}' ({exc}); use 'cpu' or 'cuda:N'.") from exc
     prefix, colon, rest = spec.partition(":")
+    family = TORCH
     if colon and prefix == "torchvision":
         model, size, channels = _torchvision(rest, imgsz)
         kind: Kind = "torchvision"
     elif colon and prefix == "ultralytics":
         model, size, channels = _ultralytics_yaml(rest, imgsz, trust_checkpoint)
-        kind = "ultralytics"
+        kind, family = "ultralytics", get_family("ultralytics")
     elif spec.endswith(".pt") or Path(spec).is_file():
         model, size, channels = _checkpoint(Path(spec), imgsz, trust_checkpoint)
-        kind = "checkpoint"
+        kind, family = "checkpoint", get_family("ultralytics")
     elif _FACTORY.fullmatch(spec):
-        model, size, channels = _factory(spec), imgsz or TORCHVISION_DEFAULT_SIZE, 3
+        model, size, channels = call_factory(spec, resolve_factory(spec)), imgsz or TORCHVISION_DEFAULT_SIZE, 3
         kind = "factory"
     else:
         raise SpecError(f"cannot read model SPEC '{spec}'. Use one of: {FORMS}.")
@@ -93,7 +97,20 @@ def load_spec(
         model, image = model.to(target).eval(), image.to(target)
     except (RuntimeError, AssertionError) as exc:  # no such device here, or a torch built without CUDA
         raise SpecError(f"cannot use device '{device}': {exc}. Use 'cpu' or an available 'cuda:N'.") from exc
-    return LoadedModel(model, (image,), spec, kind)
+    return LoadedModel(model, (image,), spec, kind, family)
+
+
+def config_family(model: Any) -> ModelFamily:
+    """The family of a pipeline config's ``model``: torch for ``torchvision:NAME`` and ``package.module:factory``.
+
+    Anything else (a model yaml, with or without ``ultralytics:``, or an ultralytics checkpoint) is ultralytics',
+    whose pipeline says what is wrong with a name it cannot build.
+    """
+    if isinstance(model, str) and ":" in model and not model.endswith((".pt", ".yaml", ".yml")):
+        prefix = model.partition(":")[0]
+        if prefix == "torchvision" or (prefix != "ultralytics" and all(p.isidentifier() for p in prefix.split("."))):
+            return TORCH
+    return get_family("ultralytics")
 
 
 def _check_imgsz(imgsz: int, multiple: int, what: str) -> None:
@@ -320,7 +337,8 @@ def exit_message(exc: SystemExit) -> str:
     return f"called sys.exit({exc.code!r})" if exc.code is not None else "called sys.exit()"
 
 
-def _factory(spec: str) -> nn.Module:
+def resolve_factory(spec: str) -> Callable[..., Any]:
+    """The callable a ``package.module:factory`` SPEC names (its module imported), or a SpecError saying why not."""
     module_name, _, attr_path = spec.partition(":")
     try:
         obj: Any = import_spec_module(module_name)
@@ -344,14 +362,19 @@ def _factory(spec: str) -> nn.Module:
         obj = getattr(obj, part)
     if isinstance(obj, nn.Module) or not callable(obj):  # a module instance is callable, but calling runs forward
         raise SpecError(f"'{spec}' is a {type(obj).__name__} object; name a function that returns a new nn.Module.")
+    return obj
+
+
+def call_factory(spec: str, factory: Callable[..., Any], kwargs: dict[str, Any] | None = None) -> nn.Module:
+    """``factory(**kwargs)``, which must return a new nn.Module, or a SpecError saying what it did instead."""
     try:
-        model = obj()
+        model = factory(**(kwargs or {}))
     except SystemExit as exc:
         raise SpecError(f"factory '{spec}' {exit_message(exc)} instead of returning a model.") from exc
     except Exception as exc:  # the user's factory raised
-        raise SpecError(
-            f"factory '{spec}' raised {type(exc).__name__}: {exc}; it must build the model with no arguments."
-        ) from exc
+        called = (f"it was called with {', '.join(f'{k}={v!r}' for k, v in kwargs.items())}" if kwargs
+                  else "it must build the model with no arguments")
+        raise SpecError(f"factory '{spec}' raised {type(exc).__name__}: {exc}; {called}.") from exc
     if not isinstance(model, nn.Module):
         raise SpecError(f"factory '{spec}' returned a {type(model).__name__}, not a torch.nn.Module.")
     return model

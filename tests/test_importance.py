@@ -196,6 +196,7 @@ def test_registered_criterion_is_used_and_checked(tiny, monkeypatch):
     model, dg, a, b, c, _ = tiny
     monkeypatch.setattr(importance, "CRITERIA", dict(CRITERIA))
     monkeypatch.setattr(importance, "_NOT_APPLICABLE", dict(importance._NOT_APPLICABLE))
+    monkeypatch.setattr(importance, "_COMPENSATE", dict(importance._COMPENSATE))
 
     @register_criterion("channel_index", not_applicable="group has 3 channels")
     def channel_index(ctx, group):
@@ -208,6 +209,31 @@ def test_registered_criterion_is_used_and_checked(tiny, monkeypatch):
     register_criterion("bad")(lambda ctx, group: np.zeros(1))
     with pytest.raises(PrunefxError, match="shape"):
         score(model, dg, "bad")
+
+
+@pytest.mark.parametrize("name", sorted(CRITERIA))
+def test_only_bn_scale_is_registered_to_compensate(name):
+    """The built-in defaults of prune(bias_compensation=None): on for bn_scale (small gamma leaves beta), else off."""
+    assert importance.compensates(name) is (name == "bn_scale")
+
+
+def test_a_criterion_registered_to_compensate_gets_bias_compensation_by_default(tiny, monkeypatch):
+    model, *_ = tiny
+    monkeypatch.setattr(importance, "CRITERIA", dict(CRITERIA))
+    monkeypatch.setattr(importance, "_NOT_APPLICABLE", dict(importance._NOT_APPLICABLE))
+    monkeypatch.setattr(importance, "_COMPENSATE", dict(importance._COMPENSATE))
+    register_criterion("l1_compensated", compensate=True)(CRITERIA["l1"])
+    register_criterion("l1_plain")(CRITERIA["l1"])
+    x = torch.randn(1, 2, 2, 2)
+
+    def compensation(criterion, **kw):
+        return prunefx.prune(Tiny().eval(), x, prunefx.PlanConfig(ratio=0.5), criterion=criterion, **kw).compensation
+
+    assert compensation("l1_compensated") is not None
+    assert compensation("l1_plain") is None
+    assert compensation("l1_compensated", bias_compensation=False) is None  # the caller's choice wins
+    assert compensation("l1_plain", bias_compensation=True) is not None
+    assert not importance.compensates("never_registered")
 
 
 def test_resnet_groups_are_scored_by_batchnorm():

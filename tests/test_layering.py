@@ -14,25 +14,28 @@ BASE = {"errors", "_io", "_plugins", "_config", "_state", "_defaults"}
 ALLOWED: dict[str, set[str]] = {
     "capture": set(),
     "passes": {"capture"},  # model -> model rewrites that keep the function (fold_bn)
-    "html": set(),  # renders plain data (the graph page and its layout); imports no other unit
-    "analysis": {"capture", "html"},
+    "analysis": {"capture"},
     "metrics": {"passes"},  # latency is timed as deployed: BatchNorm folded
     "importance": {"analysis", "capture"},
     "plan": {"analysis", "capture", "importance", "metrics", "passes"},
     "transform": {"analysis", "capture", "plan"},
     "verify": {"analysis", "capture", "plan"},
+    "view": {"analysis", "capture", "plan"},  # the graph page: an analysed graph and its plan, drawn as HTML
     "checkpoint": {"analysis", "plan", "transform"},
     "api": {"analysis", "importance", "metrics", "plan", "transform", "verify"},
     "export": {"capture", "metrics", "passes"},  # ONNX files checked with ONNX Runtime
-    "report": {"metrics", "html"},
+    "report": {"metrics", "view"},  # report.html draws a run's graph.json with the view's page
     "data": set(),
     "train": {"analysis", "data"},
     "zoo": set(),
-    "integrations": CORE | {"metrics", "train", "data", "report", "html", "integrations", "export"},
-    "spec": CORE | {"integrations", "metrics"},
-    "pipeline": CORE | {"metrics", "report", "html", "train", "data", "integrations", "spec", "zoo", "__init__"},
+    "family": {"checkpoint", "export", "plan"},  # how a model's library saves, exports and costs it
+    "integrations": CORE | {"metrics", "train", "data", "report", "view", "integrations", "export", "family"},
+    "spec": CORE | {"integrations", "metrics", "family"},
+    "pipeline": CORE
+    | {"metrics", "report", "view", "train", "data", "integrations", "spec", "zoo", "family", "__init__"},
     "cli": CORE
-    | {"metrics", "report", "html", "train", "data", "integrations", "spec", "zoo", "pipeline", "export", "__init__"},
+    | {"metrics", "report", "view", "train", "data", "integrations", "spec", "zoo", "pipeline", "export", "family",
+       "__init__"},
     "__init__": CORE | {"integrations"},
 }
 UNITS = set(ALLOWED) | BASE
@@ -90,3 +93,15 @@ def test_imports_point_down(rel: str, path: Path) -> None:
 def test_every_unit_in_the_table_exists() -> None:
     units = {_unit(rel) for rel, _ in _files()}
     assert set(ALLOWED) - {"__init__"} <= units | {"__init__"}, set(ALLOWED) - units
+
+
+def _module(rel: str) -> str:
+    """The dotted name a file of ``_files()`` imports as (``analysis/__init__`` -> ``prunefx.analysis``)."""
+    return ".".join(["prunefx", *rel.split("/")]).removesuffix(".__init__")
+
+
+def test_no_two_modules_import_each_other() -> None:
+    """A circle inside one folder (analysis/graph <-> view, report <-> report_html) is read in no order at all."""
+    deps = {_module(rel): {m for m, _ in _imports(path)} for rel, path in _files()}
+    circles = sorted(f"{a} <-> {b}" for a in deps for b in deps[a] if a < b and a in deps.get(b, ()))
+    assert not circles, circles

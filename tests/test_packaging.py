@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from _sources import ROOT, source_files
 
-ASSETS = ROOT / "prunefx" / "html" / "assets"
+ASSETS = ROOT / "prunefx" / "view" / "assets"
 _HOOK = "import sys; from setuptools import build_meta as b; print(getattr(b, sys.argv[1])(sys.argv[2]))"
 
 
@@ -65,7 +65,7 @@ def test_the_wheel_holds_every_module_the_assets_and_the_command(built: dict[str
         missing = sorted(_in_wheel(p) for p in source_files() if _in_wheel(p) not in names)
         assert not missing, f"not in the wheel: {missing}"
         for asset in sorted(ASSETS.iterdir()):
-            assert whl.read(f"prunefx/html/assets/{asset.name}") == asset.read_bytes(), asset.name
+            assert whl.read(f"prunefx/view/assets/{asset.name}") == asset.read_bytes(), asset.name
         (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
         assert "prunefx = prunefx.cli.main:main" in whl.read(entry_points).decode()
     assert not any(n.startswith(("cli/", "tests/")) for n in names)  # no top-level `cli` package, no tests
@@ -82,13 +82,13 @@ def test_the_sdist_holds_every_source_file_and_the_assets(built: dict[str, Path]
 _OUTSIDE = """
 import json, sys
 import prunefx, prunefx.report, prunefx.cli.main
-from prunefx.html.page import GRAPH_SCHEMA, groups_html
+from prunefx.view.page import GRAPH_SCHEMA, groups_html
 counts = ("nodes", "edges", "groups", "prunable_groups", "frozen_groups", "channels", "prunable_channels",
           "auto_leaves", "unknown_ops")
 graph = {"schema": GRAPH_SCHEMA, "model": "m", "summary": {**dict.fromkeys(counts, 0), "frozen_reasons": {}},
          "nodes": [], "edges": [], "groups": [], "ties": [], "auto_leaves": {}, "unknown_ops": {}, "plan": None}
 prunefx.report.validate_graph(graph)
-modules = (prunefx, prunefx.report, prunefx.cli.main, sys.modules["prunefx.html.page"])
+modules = (prunefx, prunefx.report, prunefx.cli.main, sys.modules["prunefx.view.page"])
 print(json.dumps({"files": [m.__file__ for m in modules], "page": len(groups_html(graph))}))
 """
 

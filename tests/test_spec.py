@@ -11,9 +11,11 @@ import torch
 import torchvision
 from torch import nn
 
+import prunefx.family
 from prunefx.errors import SpecError
+from prunefx.family import ModelFamily, get_family, register_family
 from prunefx.integrations.ultralytics.env import setup_offline
-from prunefx.spec import LoadedModel, load_spec
+from prunefx.spec import LoadedModel, call_factory, config_family, load_spec, resolve_factory
 
 setup_offline()  # before ultralytics is imported: it reads YOLO_OFFLINE and YOLO_CONFIG_DIR at import
 
@@ -42,6 +44,9 @@ def params(model: nn.Module) -> int:
 
 def check_loaded(loaded: LoadedModel, kind: str, shape: tuple[int, ...]) -> None:
     assert loaded.kind == kind
+    # ultralytics models are saved, exported and costed by ultralytics' family; the rest are plain torch
+    assert loaded.family.name == ("ultralytics" if kind in ("ultralytics", "checkpoint") else "torch")
+    assert isinstance(loaded.family, ModelFamily)
     assert isinstance(loaded.example_inputs, tuple) and len(loaded.example_inputs) == 1
     assert tuple(loaded.example_inputs[0].shape) == shape
     assert not any(m.training for m in loaded.model.modules())
@@ -222,3 +227,35 @@ def test_bad_specs(spec: str, message: str) -> None:
 def test_bad_device() -> None:
     with pytest.raises(SpecError, match=r"unknown device 'gpu0'"):
         load_spec("_factories:tiny_cnn", device="gpu0")
+
+
+def test_a_factory_that_raises_names_the_arguments_it_was_called_with() -> None:
+    fn = resolve_factory("_factories:broken")
+    with pytest.raises(SpecError, match=r"raised RuntimeError: .*; it was called with num_classes=10\.$"):
+        call_factory("_factories:broken", lambda **kwargs: fn(), {"num_classes": 10})
+
+
+# ---- model families ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model, family", [
+    ("torchvision:resnet18", "torch"), ("prunefx.zoo:bn_cnn", "torch"), ("yolov8n.yaml", "ultralytics"),
+    ("ultralytics:yolov8n.yaml", "ultralytics"), ("runs/best.pt", "ultralytics"), (None, "ultralytics"),
+])
+def test_config_family_from_the_models_form(model: str | None, family: str) -> None:
+    assert config_family(model).name == family
+
+
+def test_family_registry(tmp_path: Path, yolov8n: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("prunefx.family._FAMILIES", dict(prunefx.family._FAMILIES))  # registrations stay here
+    with pytest.raises(KeyError, match=r"no model family 'keras' \(registered: .*torch.*ultralytics"):
+        get_family("keras")
+    register_family("mine", "prunefx.family:TORCH")  # "module:attribute", imported on first use
+    assert get_family("mine") is get_family("torch")
+    # the ultralytics family writes a checkpoint it (and YOLO(path)) reads back weights-only, and costs it
+    family = yolov8n.family
+    family.save(yolov8n.model, tmp_path / "m.pt", None)
+    back = family.load(tmp_path / "m.pt", lambda: nn.Identity())
+    assert params(back) == params(yolov8n.model) and type(back) is type(yolov8n.model)
+    assert set(family.extra_costs(yolov8n.model, yolov8n.example_inputs)) == {"yolo_gflops@640"}
+    assert family.native_gflops(yolov8n.model, yolov8n.example_inputs) == pytest.approx(8.855, abs=1e-3)

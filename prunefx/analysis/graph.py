@@ -143,16 +143,6 @@ class DependencyGraph:
             Path(path).write_text(text)
         return text
 
-    def to_html(self, path: str | Path | None = None, plan: Any = None) -> str:
-        """A self-contained interactive page of the graph and its groups (``plan``: a PruningPlan to show too)."""
-        from prunefx.analysis.view import graph_data
-        from prunefx.html.page import groups_html  # a renderer of plain data (imports no other prunefx unit)
-
-        text = groups_html(graph_data(self, plan))
-        if path is not None:
-            Path(path).write_text(text, encoding="utf-8")
-        return text
-
     def table(self, max_members: int = 6):
         """A rich Table of the groups (id, channels, prunable/why, constraints, members)."""
         from rich.table import Table

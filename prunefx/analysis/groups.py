@@ -220,7 +220,8 @@ def _group_once(state: EngineState) -> Grouping | None:
             if g in gids:
                 constraints.append(f"keeps as many channels as group(s) {[x for x in gids if x != g]}: {why}")
         groups.append(
-            Group(g, int(sizes[g]), not fr, tuple(fr), tuple(constraints), not ir, tuple(ir), tuple(members[g]), froots)
+            Group(id=g, channels=int(sizes[g]), prunable=not fr, reasons=tuple(fr), constraints=tuple(constraints),
+                  exact=not ir, inexact_reasons=tuple(ir), members=tuple(members[g]), roots=froots)
         )
     return Grouping(groups, dict(zip(keys, roots, strict=True)), ties)
 

@@ -3,8 +3,12 @@ library itself is imported. Each registers its op rules, leaves, fixers and free
 registries; the core never imports this package's modules."""
 
 from prunefx._plugins import register_plugin
+from prunefx.family import register_family
 
 register_plugin("torchvision", "prunefx.integrations.torchvision")
 register_plugin("ultralytics", "prunefx.integrations.ultralytics.plugin")
 register_plugin("timm", "prunefx.integrations.timm")
 register_plugin("transformers", "prunefx.integrations.transformers.plugin")
+
+# How ultralytics models are saved, read back, exported and costed; imported on first use.
+register_family("ultralytics", "prunefx.integrations.ultralytics.family:FAMILY")

@@ -16,22 +16,6 @@ from prunefx.pipeline.config import ConfigError, PruneSpec, apply_overrides, loa
 from prunefx.pipeline.rundir import RunDir
 
 
-def is_config(path: str | os.PathLike[str]) -> bool:
-    """True for an existing YAML file that is a pipeline config (it names a ``model``), not a model yaml."""
-    p = Path(path)
-    if p.suffix not in (".yaml", ".yml") or not p.is_file():
-        return False
-    import yaml
-
-    from prunefx._config import load_yaml
-
-    try:
-        d = load_yaml(p.read_text(), str(p))
-    except (yaml.YAMLError, ConfigError):  # not a config this loader reads: load_config says why
-        return False
-    return isinstance(d, dict) and ("model" in d or "prune" in d)
-
-
 def run_config(path: str | os.PathLike[str], overrides: Sequence[str] = (), *,
                log: Callable[[str], None] = print) -> RunDir | None:
     """Load, validate and run the pipeline config at ``path``; returns the finished run directory.
@@ -39,9 +23,10 @@ def run_config(path: str | os.PathLike[str], overrides: Sequence[str] = (), *,
     None in the ranks other than 0 of a torchrun launch (rank 0 holds the run).
     """
     config = load_config(path, overrides)
-    from prunefx.pipeline.classify_model import is_classifier_spec
+    from prunefx.spec import config_family
 
-    if is_classifier_spec(config.get("model")):  # torchvision:NAME or package.module:factory
+    family = config_family(config.get("model")).name  # the model's library decides the pipeline
+    if family == "torch":  # torchvision:NAME or package.module:factory
         from prunefx.pipeline.backends.classify import ClassifyJob, run_classify
 
         return run_classify(ClassifyJob.from_config(config, config_name=Path(path).stem), log=log)
@@ -50,4 +35,4 @@ def run_config(path: str | os.PathLike[str], overrides: Sequence[str] = (), *,
     return run_yolo(YoloJob.from_config(config, config_name=Path(path).stem), log=log)
 
 
-__all__ = ["ConfigError", "PruneSpec", "RunDir", "apply_overrides", "is_config", "load_config", "run_config"]
+__all__ = ["ConfigError", "PruneSpec", "RunDir", "apply_overrides", "load_config", "run_config"]

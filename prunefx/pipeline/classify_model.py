@@ -23,19 +23,17 @@ from torch import nn
 
 from prunefx._io import atomic_torch_save, load_torch_file
 from prunefx.checkpoint import FORMAT as PRUNED_FORMAT
-from prunefx.errors import UntrustedFileError
+from prunefx.errors import SpecError, UntrustedFileError
+from prunefx.family import TORCH
 from prunefx.pipeline.config import ConfigError
-from prunefx.spec import exit_message, import_spec_module
+from prunefx.spec import call_factory, config_family, resolve_factory
 
 WEIGHTS_FORMAT = "prunefx.weights/1"
 
 
 def is_classifier_spec(model: Any) -> bool:
     """Whether a config's ``model`` names a classifier this pipeline builds (not an ultralytics yaml/checkpoint)."""
-    if not isinstance(model, str) or ":" not in model or model.endswith((".pt", ".yaml", ".yml")):
-        return False
-    prefix = model.partition(":")[0]
-    return prefix == "torchvision" or (prefix != "ultralytics" and all(p.isidentifier() for p in prefix.split(".")))
+    return config_family(model) is TORCH
 
 
 def takes_in_channels(spec: str) -> bool:
@@ -75,42 +73,17 @@ def _accepted(fn: Callable[..., Any]) -> set[str]:
 
 
 def _resolve_factory(spec: str) -> Callable[..., Any]:
-    module_name, _, attr_path = spec.partition(":")
     try:
-        obj: Any = import_spec_module(module_name)  # the current directory too, after installed packages
-    except SystemExit as exc:  # a script-like module: exiting means "no model", never a clean exit of prunefx
-        raise ConfigError(f"importing {module_name!r} for model {spec!r} {exit_message(exc)}; a factory module "
-                          "must not exit") from exc
-    except ModuleNotFoundError as exc:
-        raise ConfigError(
-            f"unknown model {spec!r}: no module named {exc.name!r}; give torchvision:NAME or "
-            "package.module:factory importable from here (e.g. prunefx.zoo:bn_cnn)"
-        ) from exc
-    except Exception as exc:  # the user's module raised while importing
-        raise ConfigError(f"importing {module_name!r} for model {spec!r} failed: {type(exc).__name__}: {exc}") from exc
-    for part in attr_path.split("."):
-        if not hasattr(obj, part):
-            close = difflib.get_close_matches(part, [n for n in dir(obj) if not n.startswith("_")], n=3)
-            raise ConfigError(
-                f"unknown model {spec!r}: {getattr(obj, '__name__', obj)!s} has no {part!r}"
-                + (f" (did you mean {', '.join(close)}?)" if close else "")
-            )
-        obj = getattr(obj, part)
-    if isinstance(obj, nn.Module) or not callable(obj):
-        raise ConfigError(f"model {spec!r} is a {type(obj).__name__}; name a function that returns a new nn.Module")
-    return obj
+        return resolve_factory(spec)  # the one resolver, shared with load_spec
+    except SpecError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def _call_factory(spec: str, fn: Callable[..., Any], kwargs: dict[str, Any]) -> nn.Module:
     try:
-        model = fn(**kwargs)
-    except SystemExit as exc:
-        raise ConfigError(f"model factory {spec!r} {exit_message(exc)} instead of returning a model") from exc
-    except Exception as exc:  # the user's factory raised
-        raise ConfigError(f"model factory {spec!r} raised {type(exc).__name__}: {exc}") from exc
-    if not isinstance(model, nn.Module):
-        raise ConfigError(f"model factory {spec!r} returned a {type(model).__name__}, not an nn.Module")
-    return model
+        return call_factory(spec, fn, kwargs)
+    except SpecError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def check_classifier(model: nn.Module, spec: str, example: torch.Tensor, num_classes: int) -> None:

@@ -27,13 +27,32 @@ import numpy as np
 import torch
 from torch import nn
 
-from prunefx._config import ConfigError
+from prunefx._config import ConfigError, to_dict
 from prunefx._io import atomic_write
 from prunefx.analysis import DependencyGraph
 from prunefx.errors import PrunefxError, TiedScoresWarning
 from prunefx.metrics import Deployment
 from prunefx.pipeline.config import PruneSpec, RunOptions, StageSpec
 from prunefx.pipeline.diagnose import score_warnings, sparsity_warnings
+from prunefx.pipeline.records import (
+    BaselineDone,
+    ControlRun,
+    ControlsDone,
+    FrozenGroup,
+    LatencyTarget,
+    NarrowControl,
+    PruneDone,
+    RankTrained,
+    Record,
+    ReportDone,
+    Skipped,
+    SparsityDone,
+    TrainDone,
+    Width,
+    read,
+    to_state,
+    warnings_of,
+)
 from prunefx.pipeline.rundir import RunDir
 from prunefx.plan import PlanConfig, PruningPlan
 from prunefx.plan.config import TARGETS
@@ -55,11 +74,12 @@ NARROW_TOLERANCE = 0.03  # the narrow control's MACs match the pruned model's wi
 
 @dataclass(frozen=True)
 class Trained:
-    """What a backend's training stage left: the trained model, per-epoch rows, anything else for state.json."""
+    """What a backend's training stage left: the trained model, per-epoch rows, and what else state.json records."""
 
     model: nn.Module
     history: Sequence[Mapping[str, Any]] = ()
-    info: Mapping[str, Any] = field(default_factory=dict)
+    distill: Mapping[str, Any] | None = None  # the teacher and DistillConfig, when the stage distilled
+    ranks: tuple[RankTrained, ...] | None = None  # training from a pruned model in several ranks: what each trained
 
 
 class Backend(Protocol):
@@ -210,12 +230,13 @@ def execute(job: Job, backend: Backend, run: RunDir | None, *, log: Callable[[st
             log(f"[{i}/{n}] {name}")
             if dist.is_main:
                 with run.stage(name) as info:
-                    stages[name](ctx, info)
-                for warning in info.get("warnings", ()):
+                    record = stages[name](ctx)
+                    info.update(to_state(record))
+                for warning in warnings_of(record):
                     log(f"  warning: {warning}")
                 log(f"[{i}/{n}] {name} finished in {info['seconds']:.0f} s")
             elif name in _EVERY_RANK:
-                stages[name](ctx, {})
+                stages[name](ctx)
             dist.barrier()  # rank 0's files of this stage exist before any rank starts the next
         if dist.is_main:
             run.complete()
@@ -236,44 +257,48 @@ class _Ctx:
     root: Path
     log: Callable[[str], None]
 
-    def done(self, stage: str) -> dict[str, Any]:
-        return (self.run.done(stage) if self.run is not None else None) or {}
+    def done(self, stage: str) -> Record | None:
+        """The record of ``stage`` if it finished (in rank 0; other ranks: None)."""
+        return read(stage, self.run.done(stage)) if self.run is not None else None
 
     def ran(self, stage: str) -> bool:
         """Whether ``stage`` produced a model (it is part of the job and was not skipped)."""
-        return stage in self.job.stages and not self.done(stage).get("skipped")
+        return stage in self.job.stages and not isinstance(self.done(stage), Skipped)
+
+    def metrics(self, stage: str) -> dict[str, Any]:
+        """The metrics ``stage`` measured on its model ({} when it has none)."""
+        record = self.done(stage)
+        return dict(record.metrics) if isinstance(record, (BaselineDone, TrainDone, PruneDone)) else {}
 
 
-def _baseline(ctx: _Ctx, info: dict[str, Any]) -> None:
+def _baseline(ctx: _Ctx) -> BaselineDone:
     b = ctx.backend
+    history = None
     if b.checkpoint is not None:
         model = b.from_checkpoint()
-        info["source"] = f"checkpoint {b.checkpoint}"
+        source = f"checkpoint {b.checkpoint}"
         b.save(model, "baseline")
     else:
         trained = b.train("baseline", "init", StageSpec(b.baseline_epochs), None)
-        model = trained.model
-        info["source"] = f"trained from {b.name} for {b.baseline_epochs} epochs"
-        info["history"] = list(trained.history)
-    info["metrics"] = b.evaluate("baseline", model)
+        model, history = trained.model, tuple(trained.history)
+        source = f"trained from {b.name} for {b.baseline_epochs} epochs"
+    return BaselineDone(source=source, history=history, metrics=b.evaluate("baseline", model))
 
 
-def _sparsity(ctx: _Ctx, info: dict[str, Any]) -> None:
+def _sparsity(ctx: _Ctx) -> SparsityDone | Skipped:
     sp, b = ctx.job.prune.sparsity, ctx.backend
     if sp.epochs == 0:
-        info["skipped"] = "prune.sparsity.epochs is 0"
-        return
+        return Skipped(skipped="prune.sparsity.epochs is 0")
     config = sp.config.resolved(b.architecture(), b.example_inputs())  # residual BNs named once, in every rank
     # scratch: the baseline's initial weights, trained with the penalty from the first step
     trained = b.train("sparse", "init" if sp.start == "scratch" else "baseline", sp, config)
-    info.update(trained.info)
-    info["history"] = list(trained.history)
     # The saved model's gammas: what the prune stage ranks (for YOLO the EMA weights ultralytics saves).
     saved = b.load("sparse") if b.dist.is_main else trained.model
     thresholds = sorted({1e-3, 1e-2, 1e-1, config.threshold})
-    info["gammas"] = sparsity_stats(saved, modules=_penalised(saved, config), thresholds=thresholds)
-    info["warnings"] = sparsity_warnings(info["gammas"], config)
-    info["metrics"] = b.evaluate("sparse", trained.model)
+    gammas = sparsity_stats(saved, modules=_penalised(saved, config), thresholds=thresholds)
+    return SparsityDone(history=tuple(trained.history), distill=trained.distill, ranks=trained.ranks,
+                        gammas=gammas.flat(), warnings=tuple(sparsity_warnings(gammas, config)),
+                        metrics=b.evaluate("sparse", trained.model))
 
 
 def _penalised(model: nn.Module, config: SparsityConfig) -> list[str]:
@@ -282,10 +307,10 @@ def _penalised(model: nn.Module, config: SparsityConfig) -> list[str]:
     return list(BNSparsity(model, exclude=config.exclude).modules)
 
 
-def _prune(ctx: _Ctx, info: dict[str, Any]) -> None:
+def _prune(ctx: _Ctx) -> PruneDone:
     from prunefx import prune
-    from prunefx.analysis.view import graph_data
     from prunefx.report import write_graph
+    from prunefx.view.graph_data import graph_data
 
     spec, b = ctx.job.prune, ctx.backend
     source: Role = "sparse" if ctx.ran("sparsity") else "baseline"
@@ -304,39 +329,45 @@ def _prune(ctx: _Ctx, info: dict[str, Any]) -> None:
                           "lower it (e.g. prune.target.flops=0.5, --flops 0.5)")
     if result.verified is not None and not result.verified.ok:
         raise PrunefxError(f"the pruned model differs from the masked original: {result.verified.message}")
-    info["source"] = source
-    info["verify"] = result.verified.message if result.verified is not None else "skipped (prune.verify=false)"
-    info["widths"] = [{"name": result.graph.groups[g.group].label, "before": g.before, "after": g.after}
-                      for g in result.plan.groups]
-    # groups prune() froze because pruning them failed the oracle (the target was planned again without them)
-    info["frozen_by_check"] = [{"name": result.graph.groups[g].label, "reason": why}
-                               for g, why in result.frozen_by_check]
+    verify = result.verified.message if result.verified is not None else "skipped (prune.verify=false)"
+    latency = None
     if result.latency is not None:  # a latency target: the rounds of planning against measured latency
-        info["latency_target"] = {"met": result.latency.met, "note": result.latency.note,
-                                  "rounds": [asdict(r) for r in result.latency.rounds]}
+        latency = LatencyTarget(met=result.latency.met, note=result.latency.note,
+                                rounds=tuple(asdict(r) for r in result.latency.rounds))
     est = result.plan.estimate
-    info["macs_kept_estimate"] = est["macs_after"] / est["macs_before"] if est.get("macs_before") else None
     sparsity = ctx.done("sparsity")
-    info["warnings"] = score_warnings(result, spec.criterion, sparsity.get("gammas"))
+    found = score_warnings(result, spec.criterion, sparsity.gamma_stats if isinstance(sparsity, SparsityDone) else None)
+    partial = None
     if result.parts is not None:  # the model's own forward was not captured: what was pruned and what was not
-        info["partial_capture"] = result.parts.to_dict()
-        info["warnings"].append(result.parts.describe().replace("\n", "; "))
+        partial = result.parts.to_dict()
+        found.append(result.parts.describe().replace("\n", "; "))
     atomic_write(ctx.root / "plan.json", result.plan.to_json().encode())
     write_graph(ctx.root, graph_data(result.graph, result.plan))  # report.html draws the graph from it
     b.save(result.model, "pruned", result.plan)
-    ctx.log(f"  {len(result.plan.pruned)} of {len(result.plan.groups)} groups pruned; verify: {info['verify']}")
-    info["metrics"] = b.evaluate("pruned", result.model, alone=True)  # only rank 0 runs this stage
+    ctx.log(f"  {len(result.plan.pruned)} of {len(result.plan.groups)} groups pruned; verify: {verify}")
+    return PruneDone(
+        source=source,
+        verify=verify,
+        widths=tuple(Width(name=result.graph.groups[g.group].label, before=g.before, after=g.after)
+                     for g in result.plan.groups),
+        # groups prune() froze because pruning them failed the oracle (the target was planned again without them)
+        frozen_by_check=tuple(FrozenGroup(name=result.graph.groups[g].label, reason=why)
+                              for g, why in result.frozen_by_check),
+        latency_target=latency,
+        macs_kept_estimate=est["macs_after"] / est["macs_before"] if est.get("macs_before") else None,
+        warnings=tuple(found),
+        partial_capture=partial,
+        metrics=b.evaluate("pruned", result.model, alone=True),  # only rank 0 runs this stage
+    )
 
 
-def _finetune(ctx: _Ctx, info: dict[str, Any]) -> None:
+def _finetune(ctx: _Ctx) -> TrainDone | Skipped:
     ft, b = ctx.job.prune.finetune, ctx.backend
     if ft.epochs == 0:
-        info["skipped"] = "prune.finetune.epochs is 0"
-        return
+        return Skipped(skipped="prune.finetune.epochs is 0")
     trained = b.train("finetuned", "pruned", ft, None)
-    info.update(trained.info)
-    info["history"] = list(trained.history)
-    info["metrics"] = b.evaluate("finetuned", trained.model)
+    return TrainDone(history=tuple(trained.history), distill=trained.distill, ranks=trained.ranks,
+                     metrics=b.evaluate("finetuned", trained.model))
 
 
 def control_runs(spec: PruneSpec, baseline_epochs: int) -> list[tuple[Role, Start, int]]:
@@ -398,42 +429,41 @@ def _bisect_uniform(fresh: nn.Module, inputs: tuple[torch.Tensor, ...], macs_goa
     return best
 
 
-def _controls(ctx: _Ctx, info: dict[str, Any]) -> None:
+def _controls(ctx: _Ctx) -> ControlsDone | Skipped:
     from prunefx import analyze
     from prunefx.metrics import measure
     from prunefx.transform import apply_plan
 
     spec, b = ctx.job.prune, ctx.backend
     if not spec.controls:
-        info["skipped"] = "prune.controls is empty"
-        return
+        return Skipped(skipped="prune.controls is empty")
     runs = control_runs(spec, b.baseline_epochs)
     x = b.example_inputs()
+    goal, narrow, off = None, None, ()
     if b.dist.is_main:  # the controls' untrained starts, saved for every rank (and for the record)
         pruned = b.load("pruned")
         plan = PruningPlan.from_json((ctx.root / "plan.json").read_text())
         goal = measure(pruned, x).macs
-        info["pruned_macs"] = goal
         if "narrow" in spec.controls:
             model, narrow_plan, macs = narrow_model(b.fresh(), x, goal, spec.plan)
             b.save(model, "narrow_init", narrow_plan)
             kept = [g.after / g.before for g in narrow_plan.groups if g.before]
-            info["narrow"] = {"macs": macs, "macs_vs_pruned": macs / goal,
-                              "kept_fraction": float(np.median(kept)) if kept else 1.0}
+            narrow = NarrowControl(macs=macs, macs_vs_pruned=macs / goal,
+                                   kept_fraction=float(np.median(kept)) if kept else 1.0)
             if abs(macs / goal - 1) > NARROW_TOLERANCE:
-                info["warnings"] = [f"the narrow control's MACs are {macs / goal - 1:+.1%} off the pruned model's "
-                                    f"(rounding: round_to={spec.plan.round_to}); the verdict compares unequal budgets"]
+                off = (f"the narrow control's MACs are {macs / goal - 1:+.1%} off the pruned model's "
+                       f"(rounding: round_to={spec.plan.round_to}); the verdict compares unequal budgets",)
         if "scratch" in spec.controls:
             fresh = b.fresh()
             dg = analyze(fresh, tuple(torch.zeros(s) for s in plan.input_shapes))
             b.save(apply_plan(fresh, dg, plan), "scratch_init", plan)
-    results: dict[str, Any] = {}
+    results: dict[str, ControlRun] = {}
     for role, start, epochs in runs:
         ctx.log(f"  control {role}: from scratch ({start}) for {epochs} epochs")
         trained = b.train(role, start, StageSpec(epochs), None)
         metrics = b.evaluate(role, trained.model)
-        results[role] = {"start": start, "epochs": epochs, "metrics": metrics, "history": list(trained.history)}
-    info["runs"] = results
+        results[role] = ControlRun(start=start, epochs=epochs, metrics=metrics, history=tuple(trained.history))
+    return ControlsDone(pruned_macs=goal, narrow=narrow, warnings=off, runs=results)
 
 
 _CONTROL_WHAT = {
@@ -449,19 +479,19 @@ def _control_rows(ctx: _Ctx, x: tuple[torch.Tensor, ...]) -> dict[str, Any] | No
     from prunefx.report import Stage
 
     done = ctx.done("controls")
-    if not ctx.ran("controls") or not done.get("runs"):
+    if not ctx.ran("controls") or not isinstance(done, ControlsDone) or not done.runs:
         return None
     b, spec = ctx.backend, ctx.job.prune
     rows = []
-    for role, run in done["runs"].items():
+    for role, run in done.runs.items():
         model = b.load(role).cpu().eval()
-        rows.append((role, _CONTROL_WHAT[role], run["epochs"],
-                     Stage(measure(model, x), None, {**run["metrics"], **b.extra_costs(model)})))
+        rows.append((role, _CONTROL_WHAT[role], run.epochs,
+                     Stage(measure(model, x), None, {**run.metrics, **b.extra_costs(model)})))
     total = b.baseline_epochs + spec.sparsity.epochs + spec.finetune.epochs
     return {"metric": b.primary_metric, "total_epochs": total, "finetune_epochs": spec.finetune.epochs, "runs": rows}
 
 
-def _report(ctx: _Ctx, info: dict[str, Any]) -> None:
+def _report(ctx: _Ctx) -> ReportDone:
     from prunefx.metrics import compare_latency, measure
     from prunefx.report import Stage, build_report, write_report
 
@@ -474,30 +504,33 @@ def _report(ctx: _Ctx, info: dict[str, Any]) -> None:
     # The stages are timed in alternating rounds, so a slow spell of the machine hits them all alike.
     timed = compare_latency(models, x, b.deployment()) if spec.latency else {}
     stages = {name: Stage(measure(m, x), timed.get(name),
-                          {**(ctx.done(roles[name][1]).get("metrics") or {}), **b.extra_costs(m)})
+                          {**ctx.metrics(roles[name][1]), **b.extra_costs(m)})
               for name, m in models.items()}
     pr = ctx.done("prune")
+    assert isinstance(pr, PruneDone)  # the report follows the prune stage in every job
     sparsity = ctx.done("sparsity")
+    sparse = sparsity if isinstance(sparsity, SparsityDone) else None
     settings = {
         "config": dict(ctx.job.config),
         "criterion": spec.criterion,
         "target": spec.target,
-        "verify": pr["verify"],
-        "pruned_from": pr["source"],
+        "verify": pr.verify,
+        "pruned_from": pr.source,
         "stage_seconds": {k: v.get("seconds") for k, v in run.state["stages"].items()},
-        **({"sparsity": {"metrics": sparsity.get("metrics"), "gammas": sparsity.get("gammas")}}
+        **({"sparsity": {"metrics": to_dict(sparse.metrics) if sparse else None,
+                         "gammas": to_dict(sparse.gammas) if sparse else None}}
            if "sparsity" in ctx.job.stages else {}),
-        **({"latency_target": pr["latency_target"]} if pr.get("latency_target") else {}),
+        **({"latency_target": to_dict(pr.latency_target)} if pr.latency_target else {}),
         **b.settings(),
     }
-    warnings = [w for s in ("sparsity", "prune", "controls") for w in ctx.done(s).get("warnings", ())]
+    warnings = [w for s in ("sparsity", "prune", "controls") for w in warnings_of(ctx.done(s))]
     report = build_report(model=b.name, baseline=stages["baseline"], pruned=stages["pruned"],
                           finetuned=stages.get("finetuned"), settings=settings, warnings=warnings,
-                          widths=[(w["name"], w["before"], w["after"]) for w in pr["widths"]],
+                          widths=[(w.name, w.before, w.after) for w in pr.widths],
                           controls=_control_rows(ctx, x))
     write_report(ctx.root, report)
-    info["macs_kept"] = report["stages"]["pruned"]["macs"] / report["stages"]["baseline"]["macs"]
-    info["files"] = sorted(p.name for p in ctx.root.iterdir() if p.is_file())
+    return ReportDone(macs_kept=report["stages"]["pruned"]["macs"] / report["stages"]["baseline"]["macs"],
+                      files=tuple(sorted(p.name for p in ctx.root.iterdir() if p.is_file())))
 
 
 __all__ = ["NARROW_TOLERANCE", "ONE_SHOT", "STAGES", "Backend", "Job", "Trained", "check_target", "control_runs",

@@ -8,7 +8,8 @@ from typing import Literal
 from prunefx._config import check_fields
 from prunefx.errors import PrunefxError
 
-TARGETS = ("ratio", "flops", "params", "latency")
+Target = Literal["ratio", "flops", "params", "latency"]
+TARGETS: tuple[Target, ...] = ("ratio", "flops", "params", "latency")
 DEFAULT_TARGET = ("flops", 0.5)  # the common ask: half the compute
 
 
@@ -65,4 +66,13 @@ class PlanConfig:
             if not 0.0 <= r < 1.0:
                 raise PlanError(f"override ratio for {pat!r} must be in [0, 1), got {r}")
 
+    @property
+    def target(self) -> tuple[Target, float]:
+        """The one target set, as (field, value): ``PlanConfig(flops=0.5).target == ("flops", 0.5)``."""
+        kind = next(k for k in TARGETS if getattr(self, k) is not None)  # exactly one, checked on construction
+        return kind, getattr(self, kind)
 
+    @property
+    def needs_latency(self) -> bool:
+        """Whether planning needs measured latencies: a latency target, or widths rounded to latency steps."""
+        return self.latency is not None or self.round_to == "auto"

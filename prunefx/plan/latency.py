@@ -263,6 +263,10 @@ class LatencyModel:
 
     # ---- using --------------------------------------------------------------------------------------
 
+    def measured_on(self) -> dict[str, str]:
+        """Where its times come from, for a plan's target: the deployment and the latency table's file name."""
+        return {"deployment": self.table.deployment.describe(), "latency_table": self.table.name}
+
     def full_widths(self) -> dict[int, int]:
         return {g: int(self.full[g]) for g in self.grids}
 

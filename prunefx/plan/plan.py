@@ -60,7 +60,8 @@ class PruningPlan:
             criterion=d["criterion"],
             target=dict(d["target"]),
             groups=tuple(
-                GroupPlan(g["group"], g["before"], g["after"], tuple(g["keep"]), g["why"], g.get("label", ""))
+                GroupPlan(group=g["group"], before=g["before"], after=g["after"], keep=tuple(g["keep"]), why=g["why"],
+                          label=g.get("label", ""))
                 for g in d["groups"]
             ),
             skipped=tuple((int(a), str(b)) for a, b in d.get("skipped", ())),

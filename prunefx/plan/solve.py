@@ -17,7 +17,7 @@ import numpy as np
 from prunefx.analysis.graph import DependencyGraph
 from prunefx.analysis.roles import Kind
 from prunefx.importance import Scores
-from prunefx.plan.config import TARGETS, PlanConfig, PlanError
+from prunefx.plan.config import PlanConfig, PlanError
 from prunefx.plan.cost import CostModel
 from prunefx.plan.latency import LatencyModel, latency_widths
 from prunefx.plan.plan import GroupPlan, PruningPlan
@@ -156,14 +156,15 @@ def make_plan(
         criterion = criterion or scores.criterion
         scores = scores.values
     criterion = criterion or "custom"
+    kind, goal = cfg.target
     eligible, skipped = _eligible(dg, cfg, owned_constants)
     ties = [*dg.ties, *(layer_ties(dg) if cfg.uniform_layers else ())]
     missing = [g for g in eligible if g not in scores or len(scores[g]) != dg.groups[g].channels]
     if missing:
         raise PlanError(f"scores missing or of wrong length for groups {missing[:5]}")
-    if (cfg.flops is not None or cfg.params is not None) and cost is None:
+    if kind in ("flops", "params") and cost is None:
         raise PlanError("a flops/params target needs a CostModel (cost=CostModel(model, dg, inputs))")
-    if (cfg.latency is not None or cfg.round_to == "auto") and latency is None:
+    if cfg.needs_latency and latency is None:
         raise PlanError(
             "a latency target and round_to='auto' need measured latencies: pass latency=LatencyModel(...), "
             "or call prunefx.prune, which measures them on its deployment"
@@ -178,30 +179,29 @@ def make_plan(
     def masks_for(knob: float) -> dict[int, np.ndarray]:
         return {g: _keep(scores[g], n) for g, n in _counts(dg, scores, eligible, cfg, knob, ties, latency).items()}
 
-    all_scores = np.sort(np.concatenate([scores[g] for g in eligible])) if eligible else np.zeros(1)
     total = sum(dg.groups[g].channels for g in eligible)
 
     def measure_fn(masks: dict[int, np.ndarray]) -> float:
-        """The target's quantity for a plan: removed channel fraction, or kept MACs / params fraction."""
-        if cfg.ratio is not None:
-            return 1.0 - sum(int(m.sum()) for m in masks.values()) / max(total, 1)
-        if cfg.flops is not None:
-            return cost.macs(masks) / cost.macs_total
-        if cfg.latency is not None:
-            return latency.predict({g: int(m.sum()) for g, m in masks.items()}) / latency.base_ms
-        return cost.params(masks) / cost.params_total
+        """The target's quantity for a plan: removed channel fraction, or kept MACs / params / latency fraction."""
+        match kind:
+            case "ratio":
+                return 1.0 - sum(int(m.sum()) for m in masks.values()) / max(total, 1)
+            case "flops":
+                return cost.macs(masks) / cost.macs_total
+            case "params":
+                return cost.params(masks) / cost.params_total
+            case "latency":
+                return latency.predict({g: int(m.sum()) for g, m in masks.items()}) / latency.base_ms
 
-    # the removed fraction grows with the knob; kept MACs / params / latency shrink
-    goal, increasing = (cfg.ratio, True) if cfg.ratio is not None else (cfg.flops or cfg.params or cfg.latency, False)
-    planned = cfg.latency is not None and cfg.scope == "global"
+    planned = kind == "latency" and cfg.scope == "global"
     if planned:  # the latency planner: widths from the latency table, channels by rank
-        widths = latency_widths(latency, dg, {g: scores[g] + 1.0 for g in eligible}, eligible, cfg.latency, ties)
+        widths = latency_widths(latency, dg, {g: scores[g] + 1.0 for g in eligible}, eligible, goal, ties)
         masks = {g: _keep(scores[g], n) for g, n in widths.items()}
         knob = 0.0
-    elif cfg.ratio is not None and cfg.scope == "local":
-        knob = cfg.ratio  # per-layer ratio: each group loses exactly this fraction (or its override)
-    else:
-        knob = _bisect(measure_fn, masks_for, goal, increasing, all_scores, cfg.scope)
+    elif kind == "ratio" and cfg.scope == "local":
+        knob = goal  # per-layer ratio: each group loses exactly this fraction (or its override)
+    else:  # the removed fraction grows with the knob; kept MACs / params / latency shrink
+        knob = _bisect(measure_fn, masks_for, goal, kind == "ratio", _knobs(cfg.scope, scores, eligible))
     if not planned:
         masks = masks_for(knob)
 
@@ -221,8 +221,9 @@ def make_plan(
         else:
             why = f"ratio {(_override(dg, gid, cfg) or knob):.3f}"
         keep = tuple(np.flatnonzero(m).tolist())
-        groups.append(GroupPlan(gid, c, int(m.sum()), keep, why, dg.groups[gid].label))
-    target = {k: getattr(cfg, k) for k in TARGETS if getattr(cfg, k) is not None}
+        after = int(m.sum())
+        groups.append(GroupPlan(group=gid, before=c, after=after, keep=keep, why=why, label=dg.groups[gid].label))
+    target = {kind: goal}
     target.update(scope=cfg.scope, round_to=cfg.round_to, min_channels=cfg.min_channels, max_ratio=cfg.max_ratio)
     if cfg.uniform_layers:
         target.update(uniform_layers=True)
@@ -240,8 +241,8 @@ def make_plan(
         estimate["latency_ms_before"] = latency.base_ms
         estimate["latency_ms_planned"] = latency.predict({g: int(m.sum()) for g, m in masks.items()})
     return PruningPlan(
-        dg.model_name, dg.fingerprint(), dg.input_shapes, criterion, target, tuple(groups), tuple(skipped), estimate,
-        dg.frozen_by_check,
+        model=dg.model_name, fingerprint=dg.fingerprint(), input_shapes=dg.input_shapes, criterion=criterion,
+        target=target, groups=tuple(groups), skipped=tuple(skipped), estimate=estimate, frozen=dg.frozen_by_check,
     )
 
 
@@ -260,12 +261,16 @@ def _global_why(raw: np.ndarray, below: np.ndarray, raw_sorted: np.ndarray, knob
     return f"{int(below.sum())} of {len(raw)} channels score at or below the global threshold {threshold:.3g} ({stats})"
 
 
-def _bisect(measure_fn, masks_for, goal: float, increasing: bool, all_scores: np.ndarray, scope: str) -> float:
-    """Find the knob whose plan measures closest to ``goal`` (monotone in the knob)."""
-    if scope == "global":  # knob = a threshold between sorted scores: search over their indices
-        cands = np.concatenate([[all_scores[0] - 1.0], all_scores])
-    else:  # knob = the per-group ratio
-        cands = np.linspace(0.0, 0.999, 2000)
+def _knobs(scope: str, scores: Mapping[int, np.ndarray], eligible: list[int]) -> np.ndarray:
+    """The knob values to search, ascending: for global scope the threshold (a score rank), for local the ratio."""
+    if scope == "global":  # below every score, then each sorted score
+        all_scores = np.sort(np.concatenate([scores[g] for g in eligible])) if eligible else np.zeros(1)
+        return np.concatenate([[all_scores[0] - 1.0], all_scores])
+    return np.linspace(0.0, 0.999, 2000)
+
+
+def _bisect(measure_fn, masks_for, goal: float, increasing: bool, cands: np.ndarray) -> float:
+    """Find the knob among ``cands`` whose plan measures closest to ``goal`` (monotone in the knob)."""
     lo, hi = 0, len(cands) - 1
 
     def value(i: int) -> float:

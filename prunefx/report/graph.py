@@ -1,4 +1,4 @@
-"""graph.json (schema ``prunefx.graph/1``, what ``prunefx.analysis.view.graph_data`` makes): its validator.
+"""graph.json (schema ``prunefx.graph/1``, what ``prunefx.view.graph_data`` makes): its validator.
 
 A run directory may be shared, and graph.json's values end up in report.html, so the file is read like report.json
 (``prunefx.report.report``): the dataclasses below are the schema and ``from_dict`` checks every field against its
@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from prunefx._config import from_dict
 from prunefx.errors import PrunefxError
-from prunefx.html.page import GRAPH_SCHEMA
+from prunefx.view.page import GRAPH_SCHEMA
 
 
 class GraphError(PrunefxError, ValueError):

@@ -1,4 +1,4 @@
-"""Pruning-run report: build it from plain measurements, validate it, write it atomically, load it back.
+"""Pruning-run report: build it from plain measurements, validate it, load it back (``write.py`` writes it).
 
 ``report.json`` (schema ``prunefx.report/1``) is :class:`Report` as JSON: the dataclasses below are the schema,
 and ``Report.from_dict`` is its validator (unknown keys, missing keys and wrong types are errors naming the key).
@@ -29,7 +29,6 @@ from typing import Any
 import torch
 
 from prunefx._config import from_dict, to_dict
-from prunefx._io import atomic_write
 from prunefx.errors import PrunefxError
 from prunefx.metrics import CONVENTIONS as COUNT_CONVENTIONS
 from prunefx.metrics import Latency, Measurement
@@ -341,37 +340,8 @@ def validate_report(report: Any) -> Report:
 # ---- files ------------------------------------------------------------------------------------------
 
 
-def write_report(run_dir: str | os.PathLike[str], report: dict[str, Any]) -> list[Path]:
-    """Validate ``report`` and write report.json, report.md, report.html and its PNG plots into ``run_dir``.
-
-    Returns the written paths. ``widths.png`` needs widths; ``accuracy_vs_flops.png`` needs a sweep
-    of at least two points with a shared metric.
-    """
-    from prunefx.report.plots import accuracy_vs_flops_png, plottable_metric, widths_png
-    from prunefx.report.render import render_markdown
-    from prunefx.report.report_html import load_graph, report_html
-
-    validate_report(report)
-    out = Path(run_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    files = {JSON_NAME: (json.dumps(report, indent=2, allow_nan=False) + "\n").encode()}
-    if report["widths"]:
-        target = (report.get("settings") or {}).get("target")
-        if isinstance(target, Mapping):
-            target = ", ".join(f"{k} {v}" for k, v in target.items())
-        title = f"{report['model']}" + (f", target: {target}" if target else "")
-        files["widths.png"] = widths_png(report["widths"], title)
-    if plottable_metric(report["sweep"]) is not None:
-        files["accuracy_vs_flops.png"] = accuracy_vs_flops_png(report["sweep"], report["stages"]["baseline"])
-    files["report.md"] = render_markdown(report, plots=[n for n in files if n.endswith(".png")]).encode()
-    files["report.html"] = report_html(report, load_graph(out)).encode()  # the graph from graph.json, when there
-    for name, data in files.items():
-        atomic_write(out / name, data)
-    return [out / name for name in files]
-
-
 def load_report(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read and validate ``run_dir/report.json`` (as written by :func:`write_report`)."""
+    """Read and validate ``run_dir/report.json`` (as written by ``prunefx.report.write.write_report``)."""
     path = Path(run_dir) / JSON_NAME
     try:
         report = json.loads(path.read_text())

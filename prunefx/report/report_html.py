@@ -1,9 +1,9 @@
 """report.html of a pruning run: the metric table, the plan's decisions and the graph with kept / total per layer.
 
     write_graph(run_dir, graph_data(result.graph, result.plan))   # at prune time, next to plan.json
-    write_report_html(run_dir, report)                            # report.json's numbers + graph.json's graph
+    page = report_html(report, load_graph(run_dir))              # report.json's numbers + graph.json's graph
 
-A run keeps its graph as ``graph.json`` (``prunefx.analysis.view`` schema) so that the page can be redrawn
+A run keeps its graph as ``graph.json`` (``prunefx.view.graph_data`` schema) so that the page can be redrawn
 later (``prunefx report RUN --html``) without the model.
 """
 
@@ -19,11 +19,10 @@ from typing import Any
 
 from prunefx._io import atomic_write
 from prunefx.errors import PrunefxError
-from prunefx.html.page import GRAPH_SCHEMA, asset, csp, graph_page
 from prunefx.report.graph import GraphError, validate_graph
 from prunefx.report.render import _COST_COLUMNS, _metric_names, _row, controls_table
-from prunefx.report.report import validate_report
 from prunefx.report.verdict import verdict
+from prunefx.view.page import GRAPH_SCHEMA, asset, csp, graph_page
 
 GRAPH_NAME = "graph.json"  # in a run directory, next to plan.json
 _BOLD = re.compile(r"[*][*](.+?)[*][*]")  # markdown emphasis in verdict()
@@ -123,9 +122,3 @@ def report_html(report: Mapping[str, Any], graph: Mapping[str, Any] | None = Non
     if graph is None:
         return _widths_only(title, report)
     return graph_page(title, graph["plan"]["summary"] if graph.get("plan") else "", graph, report=_section(report))
-
-
-def write_report_html(run_dir: str | os.PathLike[str], report: Mapping[str, Any]) -> Path:
-    """(Re)write ``run_dir/report.html`` from ``report`` and the run's graph.json; returns its path."""
-    validate_report(report)
-    return atomic_write(Path(run_dir) / "report.html", report_html(report, load_graph(run_dir)).encode())

@@ -239,10 +239,12 @@ def fit(model: nn.Module, train: Dataset, cfg: TrainConfig, *, val: Dataset | No
             start, history = _restore(state, module, opt, reg, cfg, checkpoint)
             log(f"  resumed from {checkpoint} after epoch {start} of {cfg.epochs}")
     show = (dist.is_main and sys.stdout.isatty()) if progress is None else (progress and dist.is_main)
+    run = _Epoch(model=model, module=module, train=train, sampler=sampler, opt=opt, reg=reg, cfg=cfg, dist=dist,
+                 per_rank=per_rank, drop_last=drop_last, steps_per_epoch=steps_per_epoch, total=total, warmup=warmup,
+                 show=show, teacher=teacher, distill=distill)
     try:
         for epoch in range(start, cfg.epochs):
-            row = _train_epoch(model, module, train, sampler, opt, reg, cfg, dist, epoch, per_rank, drop_last,
-                               steps_per_epoch, total, warmup, show, teacher, distill)
+            row = _train_epoch(run, epoch)
             if val is not None:
                 row |= {f"val_{k}": v for k, v in evaluate(module, val, batch=cfg.eval_batch, dist=dist,
                                                            workers=cfg.workers).to_dict().items() if k != "n"}
@@ -260,25 +262,47 @@ def fit(model: nn.Module, train: Dataset, cfg: TrainConfig, *, val: Dataset | No
         if reg is not None:
             reg.detach()
     module.eval()
-    return FitResult(tuple(history), start, sparsity_stats(module) if reg is not None else {})
+    return FitResult(tuple(history), start, sparsity_stats(module).flat() if reg is not None else {})
 
 
-def _train_epoch(model: nn.Module, module: nn.Module, train: Dataset, sampler: DistributedSampler,
-                 opt: torch.optim.Optimizer, reg: BNSparsity | None, cfg: TrainConfig, dist: DistContext,
-                 epoch: int, per_rank: int, drop_last: bool, steps_per_epoch: int, total: int, warmup: int,
-                 show: bool, teacher: nn.Module | None = None, distill: DistillConfig | None = None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _Epoch:
+    """What every epoch of one :func:`fit` trains with."""
+
+    model: nn.Module  # what the forward runs: the DDP wrapper when distributed
+    module: nn.Module  # the model itself (its parameters, train/eval mode)
+    train: Dataset
+    sampler: DistributedSampler
+    opt: torch.optim.Optimizer
+    reg: BNSparsity | None
+    cfg: TrainConfig
+    dist: DistContext
+    per_rank: int  # batch size of one rank
+    drop_last: bool
+    steps_per_epoch: int
+    total: int  # optimizer steps of the whole fit, for the lr schedule
+    warmup: int  # warm-up steps
+    show: bool  # draw a progress bar
+    teacher: nn.Module | None = None
+    distill: DistillConfig | None = None
+
+
+def _train_epoch(run: _Epoch, epoch: int) -> dict[str, Any]:
+    """Train one epoch (0-based ``epoch``); its history row."""
+    model, module, opt, reg, cfg, dist = run.model, run.module, run.opt, run.reg, run.cfg, run.dist
+    sampler, teacher, distill, steps_per_epoch = run.sampler, run.teacher, run.distill, run.steps_per_epoch
     sampler.set_epoch(epoch)
     torch.manual_seed(_seed(cfg.seed, epoch, dist.rank))  # dropout etc. reproducible after a resume
     gen = torch.Generator().manual_seed(_seed(cfg.seed, epoch, dist.rank, 1))
     module.train()
     sums = torch.zeros(3, dtype=torch.float64)  # loss * n, correct, n (this rank)
-    bar = _progress(show, f"epoch {epoch + 1}/{cfg.epochs}", steps_per_epoch)
+    bar = _progress(run.show, f"epoch {epoch + 1}/{cfg.epochs}", steps_per_epoch)
     try:
-        for i, (x, y) in enumerate(_batches(train, list(sampler), per_rank, drop_last=drop_last,
+        for i, (x, y) in enumerate(_batches(run.train, list(sampler), run.per_rank, drop_last=run.drop_last,
                                             workers=cfg.workers, device=dist.device)):
             step = epoch * steps_per_epoch + i
             for g in opt.param_groups:
-                g["lr"] = cfg.lr * lr_factor(step, total, warmup, cfg)
+                g["lr"] = cfg.lr * lr_factor(step, run.total, run.warmup, cfg)
             x = augment_batch(x, cfg, gen)
             out = model(x)
             with torch.no_grad():

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -329,26 +329,62 @@ def _quantile(gammas: Sequence[torch.Tensor], q: float, relative: bool) -> float
     return float(a.kthvalue(max(1, math.ceil(q * a.numel()))).values)
 
 
+@dataclass(frozen=True)
+class GammaStats(Mapping[str, float]):
+    """|gamma| over a model's BatchNorms: the fraction below each threshold, quantiles, the largest.
+
+    As a mapping it is the flat, loggable dict (:meth:`flat`) training logs and ``state.json`` keep.
+    """
+
+    bn_channels: float
+    below: Mapping[float, float] = field(default_factory=dict)  # threshold -> fraction of gammas below it
+    quantiles: Mapping[float, float] = field(default_factory=dict)  # p -> the p-quantile of |gamma|
+    max: float | None = None  # None (like below and quantiles empty) when no BatchNorm was selected
+
+    def flat(self) -> dict[str, float]:
+        """``{'bn_channels': ..., 'below_0.01': ..., 'q0.5': ..., 'max': ...}``."""
+        stats = {"bn_channels": self.bn_channels}
+        stats |= {f"below_{t:g}": v for t, v in self.below.items()}
+        stats |= {f"q{p:g}": v for p, v in self.quantiles.items()}
+        return stats if self.max is None else stats | {"max": self.max}
+
+    @classmethod
+    def from_flat(cls, stats: Mapping[str, float]) -> GammaStats:
+        """The stats whose :meth:`flat` is ``stats`` (as ``state.json`` keeps them)."""
+        below = {float(k.removeprefix("below_")): v for k, v in stats.items() if k.startswith("below_")}
+        quantiles = {float(k[1:]): v for k, v in stats.items() if k.startswith("q")}
+        return cls(stats["bn_channels"], below, quantiles, stats.get("max"))
+
+    def __getitem__(self, key: str) -> float:
+        return self.flat()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.flat())
+
+    def __len__(self) -> int:
+        return len(self.flat())
+
+
 def sparsity_stats(
     model: nn.Module,
     modules: Iterable[str] | None = None,
     *,
     thresholds: Sequence[float] = (1e-3, 1e-2, 1e-1),
     quantiles: Sequence[float] = (0.1, 0.25, 0.5, 0.75, 0.9),
-) -> dict[str, float]:
-    """Flat, loggable summary of |gamma| over the selected BatchNorms (default: every affine one).
+) -> GammaStats:
+    """Summary of |gamma| over the selected BatchNorms (default: every affine one).
 
-    >>> sparsity_stats(model)
+    >>> sparsity_stats(model).flat()
     {'bn_channels': 4800.0, 'below_0.001': 0.02, 'below_0.01': 0.31, ..., 'q0.5': 0.2, 'max': 1.3}
     """
     gammas = [bn.weight for bn in _select_bns(model, modules).values()]
-    stats = {"bn_channels": float(sum(g.numel() for g in gammas))}
+    channels = float(sum(g.numel() for g in gammas))
     if not gammas:
-        return stats
-    stats |= {f"below_{t:g}": fraction_below(gammas, t) for t in thresholds}
+        return GammaStats(channels)
     a = _abs(gammas, relative=False)
     q = torch.quantile(a, torch.tensor(list(quantiles), dtype=a.dtype, device=a.device)).tolist()
-    return stats | {f"q{p:g}": v for p, v in zip(quantiles, q, strict=True)} | {"max": float(a.max())}
+    return GammaStats(channels, {t: fraction_below(gammas, t) for t in thresholds},
+                      dict(zip(quantiles, q, strict=True)), float(a.max()))
 
 
 def _select_bns(

@@ -217,12 +217,13 @@ def test_ctrl_c_as_a_stage_starts_records_interrupted(tmp_path: Path, monkeypatc
 
     from prunefx.pipeline import runner
     from prunefx.pipeline.config import PruneSpec, RunOptions
+    from prunefx.pipeline.records import BaselineDone
     from prunefx.train.distributed import LOCAL
 
-    def baseline(ctx, info):
-        info["metrics"] = {}
+    def baseline(ctx):
+        return BaselineDone(source="stub", metrics={})
 
-    def prune(ctx, info):
+    def prune(ctx):
         raise AssertionError("the prune stage ran")
 
     monkeypatch.setattr(runner, "_baseline", baseline)

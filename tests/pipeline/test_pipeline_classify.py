@@ -84,7 +84,7 @@ def test_finetuned_checkpoint_reloads_as_the_pruned_architecture_with_the_report
 
 
 def test_resume_after_an_interruption_continues_without_redoing_finished_stages(tmp_path, monkeypatch):
-    def boom(ctx, info):
+    def boom(ctx):
         raise RuntimeError("power cut during fine-tuning")
 
     monkeypatch.setattr(R, "_finetune", boom)
@@ -97,7 +97,7 @@ def test_resume_after_an_interruption_continues_without_redoing_finished_stages(
     pruned_bytes = (root / "weights" / "pruned.pt").read_bytes()
     monkeypatch.undo()
 
-    def must_not_run(ctx, info):
+    def must_not_run(ctx):
         raise AssertionError("a finished stage ran again")
 
     for name in ("_baseline", "_sparsity", "_prune"):
@@ -150,8 +150,8 @@ def test_a_failing_rank_is_a_clear_error_not_a_hang(tmp_path):
     ("dataset.imag_size=8", r"unknown key in dataset: 'imag_size' \(did you mean 'image_size'"),
     ("dataset.name=mnist", r"unknown dataset 'mnist'"),
     ("model=torchvision:resnet19", r"unknown torchvision classifier 'resnet19'.*resnet18"),
-    ("model=no_such_pkg.models:net", r"unknown model 'no_such_pkg.models:net': no module named 'no_such_pkg'"),
-    ("model=prunefx.zoo:bn_cnnn", r"has no 'bn_cnnn' \(did you mean bn_cnn"),
+    ("model=no_such_pkg.models:net", r"no module named 'no_such_pkg.models' for factory SPEC 'no_such_pkg.models:net'"),
+    ("model=prunefx.zoo:bn_cnnn", r"'prunefx.zoo' has no attribute 'bn_cnnn'.*Did you mean bn_cnn"),
     ("prune.finetune.lr=fast", r"prune.finetune.lr must be a number"),
     ("prune.finetune.epoch=3", r"unknown key in prune.finetune: 'epoch' \(did you mean 'epochs'"),
     ("optimizer=adam", r"optimizer must be one of 'sgd', 'adamw'"),

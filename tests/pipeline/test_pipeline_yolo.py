@@ -176,7 +176,7 @@ def test_interrupted_run_resumes_after_the_last_finished_stage(
         "name=r",
     ]
 
-    def crash(ctx, info):
+    def crash(ctx):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(pipeline, "_finetune", crash)

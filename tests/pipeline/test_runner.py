@@ -7,6 +7,7 @@ in the run's output and in report.json / report.md.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from prunefx.pipeline.backends.yolo import YoloJob
 from prunefx.pipeline.diagnose import score_warnings, sparsity_warnings
 from prunefx.pipeline.rundir import RunDir
 from prunefx.train import SparsityConfig
+from prunefx.train.sparsity import GammaStats
 
 REPO = Path(__file__).resolve().parents[2]
 DIGITS = REPO / "configs" / "digits_cnn.yaml"
@@ -123,15 +125,15 @@ def test_separated_scores_and_gammas_are_not_warned():
         model[1].weight.copy_(torch.linspace(0.01, 1.0, 8))  # gammas a sparse model would have
     result = prunefx.prune(model, torch.randn(2, 3, 32, 32), prunefx.PlanConfig(flops=0.6))
     assert score_warnings(result, "bn_scale", None) == []
-    separated = {"below_0.01": 0.5, "q0.1": 1e-4, "q0.9": 0.9}
+    separated = GammaStats(100, below={0.01: 0.5}, quantiles={0.1: 1e-4, 0.9: 0.9})
     assert sparsity_warnings(separated, SparsityConfig(schedule="target", target=0.5)) == []
 
 
 def test_sparsity_that_moved_no_gamma_is_warned():
     # The default YOLO recipe's record from issue 12: no gamma below 0.01, quantiles 0.994 .. 1.002.
-    stuck = {"below_0.01": 0.0, "q0.1": 0.994, "q0.9": 1.002}
+    stuck = GammaStats(100, below={0.01: 0.0}, quantiles={0.1: 0.994, 0.9: 1.002})
     (constant,) = sparsity_warnings(stuck, SparsityConfig(s=1e-3))
     assert "did not separate the gammas: 0.0% below 0.01 (q0.1 0.994 .. q0.9 1.002)" in constant
     assert "start=scratch, schedule=target, selective=true" in constant
-    (target,) = sparsity_warnings({**stuck, "below_0.01": 0.1}, SparsityConfig(schedule="target", target=0.5))
+    (target,) = sparsity_warnings(replace(stuck, below={0.01: 0.1}), SparsityConfig(schedule="target", target=0.5))
     assert "reached 10.0% of the gammas below 0.01, not the target 50%" in target

@@ -310,9 +310,9 @@ def test_prune_re_plans_a_latency_target_on_a_fake_backend(monkeypatch, tmp_path
     the first plan misses, the loop re-plans on the measured points and lands within 5%, and says so."""
     from types import SimpleNamespace
 
-    import prunefx.api
     from prunefx.metrics import measure
     from prunefx.metrics.latency_table import LatencyTable as Table
+    from prunefx.plan import measured
     from prunefx.zoo import bn_cnn
 
     model = randomize_bn(bn_cnn(10, 3)).eval()
@@ -326,8 +326,8 @@ def test_prune_re_plans_a_latency_target_on_a_fake_backend(monkeypatch, tmp_path
         timed.append(dep.backend)
         return {n: SimpleNamespace(median_ms=e2e_ms(m), noise=noise) for n, m in models.items()}
 
-    monkeypatch.setattr(prunefx.api, "compare_latency", fake_compare)
-    monkeypatch.setattr(prunefx.api, "LatencyTable", lambda dep, cache: Table(dep, cache, timer=_fake_layer_ms))
+    monkeypatch.setattr(measured, "compare_latency", fake_compare)
+    monkeypatch.setattr(measured, "LatencyTable", lambda dep, cache: Table(dep, cache, timer=_fake_layer_ms))
     base_ms = e2e_ms(model)
     result = prunefx.prune(model, x, PlanConfig(latency=0.5), deployment=Deployment(backend=backend, threads=1),
                            latency_cache=tmp_path)  # fmt: skip

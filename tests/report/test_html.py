@@ -12,10 +12,11 @@ import torch
 import torchvision
 
 import prunefx
-from prunefx.analysis.view import graph_data
 from prunefx.errors import PrunefxError
 from prunefx.metrics import measure
 from prunefx.report import Stage, build_report, groups_html, load_graph, write_graph, write_report
+from prunefx.view import to_html
+from prunefx.view.graph_data import graph_data
 
 X = torch.randn(1, 3, 64, 64)
 
@@ -115,5 +116,6 @@ def test_a_foreign_graph_json_is_refused(tmp_path: Path) -> None:
 
 def test_to_html_writes_the_page(pruned, tmp_path: Path) -> None:
     result, _ = pruned
-    text = result.graph.to_html(tmp_path / "g.html")
+    text = to_html(result.graph, path=tmp_path / "g.html")
     assert (tmp_path / "g.html").read_text() == text == groups_html(graph_data(result.graph))
+    assert to_html(result.graph, result.plan) == groups_html(graph_data(result.graph, result.plan))

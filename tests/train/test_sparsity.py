@@ -10,6 +10,7 @@ from torch import nn
 import prunefx
 from prunefx.errors import PrunefxError
 from prunefx.train import BNSparsity, SparsityConfig, TargetSparsity, fraction_below, residual_bns, sparsity_stats
+from prunefx.train.sparsity import GammaStats
 
 
 def _mlp() -> nn.Sequential:
@@ -209,6 +210,9 @@ def test_sparsity_stats_and_fraction_below():
     assert st["below_0.01"] == pytest.approx(5 / 14) and st["below_0.1"] == pytest.approx(6 / 14)
     assert st["max"] == pytest.approx(4.0) and st["q0.5"] == pytest.approx(0.2)
     assert sparsity_stats(model, ["4"])["below_0.001"] == pytest.approx(2 / 6)
+    assert st.below[0.01] == pytest.approx(5 / 14) and st.quantiles[0.5] == pytest.approx(0.2)  # typed
+    assert GammaStats.from_flat(st.flat()) == st and dict(st) == st.flat()  # the flat form state.json keeps
+    assert list(st.flat())[:2] == ["bn_channels", "below_0.001"] and list(st.flat())[-1] == "max"
     # relative: each layer against its own largest |gamma| (4.0 and 3.0)
     assert fraction_below([model[1].weight, model[4].weight], 0.1, relative=True) == pytest.approx(9 / 14)
 

@@ -44,6 +44,7 @@ from prunefx.pipeline.classify_model import (
     takes_in_channels,
 )
 from prunefx.pipeline.config import RUN_KEYS, ConfigError, PruneSpec, StageSpec, check_keys
+from prunefx.pipeline.records import RankTrained
 from prunefx.pipeline.rundir import RunDir
 from prunefx.pipeline.runner import STAGES, Job, Role, Start, Trained, execute, open_run, preflight, resume_hint
 from prunefx.train.distributed import (
@@ -221,8 +222,7 @@ class ClassifyBackend:
         return model
 
     def train(self, out: Role, start: Start, stage: StageSpec, sparsity: SparsityConfig | None) -> Trained:
-        info: dict[str, Any] = {}
-        plan = None
+        plan, distill, ranks = None, None, None
         if start == "init":
             model = self.fresh()
         elif start == "baseline":
@@ -237,7 +237,7 @@ class ClassifyBackend:
             teacher = self.fresh()
             teacher.load_state_dict(self.dist.broadcast(dict(read_state_dict(self.path("baseline")))
                                                         if self.dist.is_main else None))
-            info["distill"] = {"teacher": "baseline", **asdict(stage.distill_config)}
+            distill = {"teacher": "baseline", **asdict(stage.distill_config)}
         result = fit(model, self.data.train, recipe, val=self.data.val, dist=self.dist, sparsity=sparsity,
                      checkpoint=self.path(out).with_name(f"{_STAGE_DIRS[out]}_last.pt"), log=self.log,
                      teacher=teacher, distill=getattr(stage, "distill_config", None))
@@ -246,8 +246,8 @@ class ClassifyBackend:
             # What each rank trained, as rank 0 gathered it: the architecture (a digest of every tensor's name and
             # shape) and the parameter count, so state.json shows every rank fine-tuned the same pruned model.
             gathered = self.dist.all_gather((_digest(signature), sum(p.numel() for p in model.parameters())))
-            info["ranks"] = [{"rank": r, "arch": d, "params": n} for r, (d, n) in enumerate(gathered)]
-        return Trained(model, result.history, info)
+            ranks = tuple(RankTrained(rank=r, arch=d, params=n) for r, (d, n) in enumerate(gathered))
+        return Trained(model, result.history, distill=distill, ranks=ranks)
 
     def _pruned_in_every_rank(self, role: Role = "pruned") -> tuple[nn.Module, Any, list[tuple[str, tuple[int, ...]]]]:
         """A pruned-shape model (``role``) in every rank: rank 0 sends its bytes, each rank re-applies its plan."""

@@ -4,8 +4,9 @@
     run = run_spec(job, load_spec("torchvision:resnet18"), Path("runs/prune/r18"))
 
 The runner's baseline, prune and report stages do the work; this backend only holds the model and writes
-``pruned.pt`` next to the report (an ultralytics checkpoint for YOLO, else a ``prunefx.save`` file). The run is
-built in a sibling temp directory and moved into place once complete: a refusal or a failure leaves nothing.
+``pruned.pt`` next to the report, as the model's family writes it (an ultralytics checkpoint for YOLO, else a
+``prunefx.save`` file). The run is built in a sibling temp directory and moved into place once complete: a refusal
+or a failure leaves nothing.
 """
 
 from __future__ import annotations
@@ -43,7 +44,6 @@ class SpecBackend:
         self.root: Path | None = None
         self.name = loaded.name
         self.checkpoint = loaded.name  # the baseline is the model as loaded
-        self.yolo = loaded.kind in ("ultralytics", "checkpoint")
         self._pruned: nn.Module | None = None
 
     def architecture(self) -> nn.Module:
@@ -75,24 +75,13 @@ class SpecBackend:
         if role != "pruned":
             return  # the baseline is the SPEC itself: nothing to write
         self._pruned = model
-        if self.yolo:
-            from prunefx.integrations.ultralytics.io import save_yolo
-
-            save_yolo(model, self.root / "pruned.pt", plan=plan)
-        else:
-            from prunefx import save
-
-            save(model, plan, self.root / "pruned.pt")
+        self.loaded.family.save(model, self.root / "pruned.pt", plan)
 
     def evaluate(self, role: Role, model: nn.Module, *, alone: bool = False) -> dict[str, float]:
         return {}  # no data: the report compares costs
 
     def extra_costs(self, model: nn.Module) -> dict[str, float]:
-        if not self.yolo:
-            return {}
-        from prunefx.pipeline.backends.yolo import yolo_gflops
-
-        return yolo_gflops(model, int(self.loaded.example_inputs[0].shape[-1]))
+        return self.loaded.family.extra_costs(model, self.loaded.example_inputs)
 
     def deployment(self) -> Deployment | None:
         return self._deployment

@@ -350,8 +350,8 @@ class YoloBackend:
             if got != hooks.expected_params:
                 raise PrunefxError(f"training saved a model with {got:,} parameters, not the pruned "
                                    f"{hooks.expected_params:,}")
-        info = {"distill": {"teacher": "baseline", **asdict(stage.distill_config)}} if distill else {}
-        return Trained(trained, hooks.log if hooks is not None else (), info)
+        return Trained(trained, hooks.log if hooks is not None else (),
+                       distill={"teacher": "baseline", **asdict(stage.distill_config)} if distill else None)
 
     def load(self, role: Role) -> nn.Module:
         from prunefx.integrations.ultralytics.io import load_yolo

@@ -14,8 +14,8 @@ import pytest
 from _hostile_graph import NOT_TEXT, PAYLOAD, TEXT, field, leaves, sample_run, where, with_value
 
 from prunefx.errors import PrunefxError
-from prunefx.html.page import asset
 from prunefx.report import groups_html, load_graph, report_html
+from prunefx.view.page import asset
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """A small graph.json with every part of ``prunefx.graph/1`` filled in, and markup that runs script if a page ever
-puts it into the DOM unescaped (for tests/html: the loader's refusals and the page in a browser).
+puts it into the DOM unescaped (for tests/view: the loader's refusals and the page in a browser).
 
 The model has a plan with a pruned and a skipped group, a tie (chunk), an auto-leaf, an op without a rule and the
 model's source lines, so every field the page draws holds a value.
@@ -17,9 +17,9 @@ import torch
 from torch import nn
 
 import prunefx
-from prunefx.analysis.view import graph_data
 from prunefx.metrics import measure
 from prunefx.report import Stage, build_report
+from prunefx.view.graph_data import graph_data
 
 # Runs when parsed as markup: the handler when the image fails, the script element when inserted by the parser.
 PAYLOAD = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>'

@@ -1,4 +1,4 @@
-"""analysis.view: the graph as data for the HTML view, checked against the analysis, the source and the pruned model."""
+"""view.graph_data: the graph as data for the HTML view, checked against the analysis, the source and the pruned net."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from torch import nn
 
 import prunefx
 from prunefx.analysis.roles import Kind
-from prunefx.analysis.view import graph_data, reason_key
 from prunefx.capture.trace import SOURCE_KEY
+from prunefx.view.graph_data import graph_data, reason_key
 
 X = torch.randn(1, 3, 64, 64)
 

@@ -1,10 +1,10 @@
 """The analysed graph as plain JSON-able data for the HTML view: nodes, edges, groups and (optionally) the plan.
 
-    data = graph_data(prunefx.analyze(model, x))          # what ``DependencyGraph.to_html`` draws
+    data = graph_data(prunefx.analyze(model, x))          # what ``prunefx.view.to_html`` draws
     data = graph_data(result.graph, result.plan)         # plus kept / total per node and each group's decision
 
 It reads what only the analysis knows (channel atoms per fx node, the source line the tracer recorded) and
-hands ``prunefx.report`` plain data, so the page builder never touches a model.
+hands ``prunefx.view.page`` and ``prunefx.report`` plain data, so the page builder never touches a model.
 
 Schema ``prunefx.graph/1``::
 
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import linecache
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -40,7 +40,10 @@ from prunefx.analysis.labels import Lab
 from prunefx.analysis.roles import Kind
 from prunefx.capture.trace import SOURCE_KEY  # the tracer's (file, line, function) of the code that made a node
 from prunefx.capture.values import VALUE_KEY  # the shape pass's node value (meta tensors)
-from prunefx.html.page import GRAPH_SCHEMA  # the page and report.html read this schema
+from prunefx.view.page import GRAPH_SCHEMA  # the page and report.html read this schema
+
+if TYPE_CHECKING:  # the view reads a plan by attribute; drawing a graph without one needs no planner
+    from prunefx.plan.plan import PruningPlan
 
 
 def reason_key(reason: str) -> str:
@@ -135,11 +138,8 @@ def _source(node) -> tuple[str | None, str | None]:
     return f"{file}:{line}", code
 
 
-def graph_data(dg: DependencyGraph, plan: Any = None) -> dict[str, Any]:
-    """Everything the HTML view draws, as JSON-able data (schema in this module's docstring).
-
-    ``plan``: a ``PruningPlan`` made from ``dg`` (read by attribute: the plan is decided above the analysis).
-    """
+def graph_data(dg: DependencyGraph, plan: PruningPlan | None = None) -> dict[str, Any]:
+    """Everything the HTML view draws (schema in this module's docstring), with ``plan``'s decisions when given."""
     nodes = list(dg.gm.graph.nodes)
     index = {n: i for i, n in enumerate(nodes)}
     modules = dict(dg.gm.named_modules())

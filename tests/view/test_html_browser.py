@@ -18,10 +18,11 @@ import torchvision
 from torch import nn
 
 import prunefx
-from prunefx.analysis.view import graph_data
 from prunefx.metrics import measure
 from prunefx.report import Stage, build_report, write_graph, write_report
 from prunefx.spec import load_spec, meta_torchvision
+from prunefx.view import to_html
+from prunefx.view.graph_data import graph_data
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is in the test extra: pip install -e '.[test]'")
 from selenium.webdriver.common.by import By
@@ -111,7 +112,7 @@ def pages(tmp_path_factory) -> dict[str, tuple[prunefx.DependencyGraph, Path]]:
     pages = {}
     for name, (model, inputs) in models.items():
         dg = prunefx.analyze(model, inputs)
-        dg.to_html(out / f"{name}.html")
+        to_html(dg, path=out / f"{name}.html")
         pages[name] = (dg, out / f"{name}.html")
     return pages
 
@@ -273,7 +274,7 @@ def test_a_large_graph_draws_every_node_and_edge(browser, tmp_path: Path, name: 
     """DenseNet-201 (713 nodes, 2,515 edges) and MaxViT-T (1,633 nodes); their render time is a benchmark."""
     dg = prunefx.analyze(meta_torchvision(name), torch.randn(1, 3, 224, 224, device="meta"))
     path = tmp_path / f"{name}.html"
-    dg.to_html(path)
+    to_html(dg, path=path)
     open_page(browser, path)
     data = graph_data(dg)
     shown = js(browser, "return [...document.querySelectorAll('#nodes g.n')].map((g) => g.dataset.name)")
@@ -358,7 +359,7 @@ def test_markup_in_number_fields_runs_nothing_even_past_the_loader(browser, tmp_
     """A page drawn from a graph the loader would refuse: the script prints every number through Number()."""
     from _hostile_graph import PAYLOAD, sample_run
 
-    from prunefx.html.page import graph_page
+    from prunefx.view.page import graph_page
 
     graph, _ = sample_run()
     graph["summary"] = {k: PAYLOAD if k != "frozen_reasons" else dict.fromkeys(v, PAYLOAD)

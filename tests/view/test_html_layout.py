@@ -7,7 +7,7 @@ from itertools import pairwise
 
 import pytest
 
-from prunefx.html.layout import layout
+from prunefx.view.layout import layout
 
 
 def random_dag(n: int, seed: int, fan: int = 3, reach: int = 40) -> list[tuple[int, int]]:

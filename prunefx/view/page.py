@@ -1,13 +1,13 @@
 """The graph page: one self-contained HTML file that draws an analysed graph and its channel groups.
 
-    text = groups_html(graph_data(dg))        # what ``dg.to_html(path)`` and ``prunefx analyze SPEC --html F`` write
+    text = groups_html(graph_data(dg))    # what ``prunefx.view.to_html`` and ``prunefx analyze SPEC --html F`` write
 
 The CSS, the script and the data are inline and nothing is fetched, so the page opens from disk (file://)
 in any browser, offline. Its Content-Security-Policy (``csp``) lets only that script and that style run: nothing
 remote, no inline handler, no other script, so a run directory's graph.json cannot bring code into the page.
 The layout is computed here (``graph_layout``); the script only draws it and handles selection, search, filter,
 zoom and pan, which keeps graphs of 1,000+ nodes quick. This module takes plain data
-(``prunefx.analysis.view.graph_data``) and imports nothing else from prunefx.
+(``prunefx.view.graph_data``) and imports nothing else from prunefx.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from prunefx.html.layout import layout
+from prunefx.view.layout import layout
 
 ASSETS = Path(__file__).with_name("assets")
-GRAPH_SCHEMA = "prunefx.graph/1"  # the data a page draws: prunefx.analysis.view.graph_data, a run's graph.json
+GRAPH_SCHEMA = "prunefx.graph/1"  # the data a page draws: prunefx.view.graph_data, a run's graph.json
 _MAX_LABEL = 40  # characters drawn in a box; longer names keep their tail ("...layers.conv_b.0")
 _CHAR_PX = 6.7  # average advance of an 11px sans-serif character: box widths are computed without a browser
 

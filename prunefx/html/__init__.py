@@ -1,1 +1,0 @@
-"""The HTML view: the self-contained graph page (``page``), its layered layout (``layout``) and its assets."""

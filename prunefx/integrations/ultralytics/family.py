@@ -47,11 +47,9 @@ class UltralyticsFamily:
 
     def extra_costs(self, model: nn.Module, example_inputs: Sequence[torch.Tensor]) -> dict[str, float]:
         """GFLOPs as ultralytics prints them (at 640) and at the size the model runs at."""
-        from prunefx.integrations.ultralytics.gflops import ultralytics_gflops
+        from prunefx.integrations.ultralytics.gflops import report_gflops
 
-        imgsz = int(example_inputs[0].shape[-1])
-        return {"yolo_gflops@640": ultralytics_gflops(model, 640),
-                f"yolo_gflops@{imgsz}": ultralytics_gflops(model, imgsz)}
+        return report_gflops(model, int(example_inputs[0].shape[-1]))
 
     def native_gflops(self, model: nn.Module, example_inputs: Sequence[torch.Tensor]) -> float | None:
         """Ultralytics' GFLOPs of one image of the inputs' height and width (its convention is per image)."""

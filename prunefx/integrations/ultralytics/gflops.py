@@ -43,6 +43,11 @@ class _OnMeta(nn.Module):
         return meta_forward(self.model, args)
 
 
+def report_gflops(model: nn.Module, imgsz: int) -> dict[str, float]:
+    """The report's ultralytics costs: GFLOPs at 640 (what ultralytics prints) and at the size the model runs at."""
+    return {"yolo_gflops@640": ultralytics_gflops(model, 640), f"yolo_gflops@{imgsz}": ultralytics_gflops(model, imgsz)}
+
+
 def _fused_copy(model: nn.Module) -> nn.Module:
     fuse = getattr(model, "fuse", None)
     if not callable(fuse):

@@ -367,7 +367,9 @@ class YoloBackend:
         return evaluate_yolo(self.path(role), self.data, self.job.train, self.root / "val", role, log=self.log)
 
     def extra_costs(self, model: nn.Module) -> dict[str, float]:
-        return yolo_gflops(model, self.job.imgsz)
+        from prunefx.integrations.ultralytics.gflops import report_gflops
+
+        return report_gflops(model, self.job.imgsz)
 
     def deployment(self) -> Deployment | None:
         # Every core: ultralytics leaves torch at fewer threads after training; the report states the count.
@@ -396,13 +398,6 @@ class YoloBackend:
         if str(args.get("device", "cpu")).lower() == "cpu":
             args = cpu_train_kwargs(**args)  # fp32, in-process loading, plots off unless the config asks
         return args
-
-
-def yolo_gflops(model: nn.Module, imgsz: int) -> dict[str, float]:
-    """GFLOPs in ultralytics' own convention at 640 (what it prints) and at the size the model runs at."""
-    from prunefx.integrations.ultralytics.gflops import ultralytics_gflops
-
-    return {"yolo_gflops@640": ultralytics_gflops(model, 640), f"yolo_gflops@{imgsz}": ultralytics_gflops(model, imgsz)}
 
 
 def _link(src: Path, dst: Path) -> None:
@@ -441,5 +436,4 @@ def run_yolo(job: YoloJob, *, log: Callable[[str], None] = print) -> RunDir:
         return execute(job, backend, run, log=log)
 
 
-__all__ = ["STAGES", "YoloBackend", "YoloJob", "evaluate_yolo", "resolve_data", "run_yolo", "ultralytics_keys",
-           "yolo_gflops"]
+__all__ = ["STAGES", "YoloBackend", "YoloJob", "evaluate_yolo", "resolve_data", "run_yolo", "ultralytics_keys"]

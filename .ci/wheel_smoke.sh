@@ -19,7 +19,7 @@ wheel=("$work"/dist/prunefx-*.whl)
 step "built $(cd "$work/dist" && echo *)"
 python3 -m venv "$work/venv"
 venv_pip "${wheel[0]}"
-step "installed the wheel in a fresh venv"
+step "installed the wheel (the core library alone) in a fresh venv"
 
 cd "$work"
 PATH="$work/venv/bin:$PATH"
@@ -35,6 +35,13 @@ for module in (prunefx, prunefx.report, prunefx.view.page, prunefx.cli.main):
     where = Path(module.__file__).resolve()
     assert "site-packages" in where.parts and not where.is_relative_to(sys.argv[1]), f"{module.__name__} from {where}"
 EOF
+# The core alone: a part whose extra is missing stops with one line naming the extra, exit status 2.
+set +e; missing="$(prunefx analyze torchvision:resnet18 --imgsz 64 2>&1)"; status=$?; set -e
+[ "$status" = 2 ] && [ "$(printf '%s\n' "$missing" | wc -l)" = 1 ] \
+    && grep -q "pip install 'prunefx\[vision\]'" <<<"$missing" || { echo "core without torchvision: $missing"; exit 1; }
+step "the core without torchvision: $missing"
+venv_pip "${wheel[0]}[classify]"  # torchvision, scikit-learn (the digits set) and matplotlib (the plots)
+step "installed the classify extra"
 prunefx analyze torchvision:resnet18 --imgsz 64 --html groups.html >/dev/null
 test -s groups.html
 step "analyze --html"

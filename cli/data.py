@@ -24,6 +24,9 @@ def shapes(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="On error, also print the traceback.")] = False,
 ) -> None:
     """Generate the synthetic shapes detection set in YOLO format and print the path of its data.yaml."""
+    from prunefx._extras import require
+
+    require("cv2", "the synthetic detection set")
     from prunefx.data.detection import make_shapes_dataset
     from prunefx.data.detection_hard import make_hard_shapes_dataset
 

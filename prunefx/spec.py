@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from prunefx._defaults import FORMS, TORCHVISION_DEFAULT_SIZE, TORCHVISION_SIZES, YOLO_DEFAULT_SIZE, YOLO_SIZES
+from prunefx._extras import require
 from prunefx.errors import PrunefxError, SpecError, UntrustedFileError
 from prunefx.family import TORCH, ModelFamily, get_family
 
@@ -124,7 +125,7 @@ def _check_imgsz(imgsz: int, multiple: int, what: str) -> None:
 
 
 def _torchvision(name: str, imgsz: int | None) -> tuple[nn.Module, int, int]:
-    from torchvision import models
+    models = require("torchvision.models", "a torchvision:NAME model")
 
     known = models.list_models()
     if name not in known:
@@ -160,13 +161,11 @@ def _ultralytics_modules() -> Any:
     from prunefx.integrations.ultralytics.env import setup_offline
 
     setup_offline()
-    from ultralytics.nn import tasks
-
-    return tasks
+    return require("ultralytics.nn.tasks", "a YOLO model")
 
 
 def _shipped_yamls() -> dict[str, Path]:
-    import ultralytics
+    ultralytics = require("ultralytics", "a YOLO model")
 
     return {p.name: p for p in sorted((Path(ultralytics.__file__).parent / "cfg" / "models").rglob("*.yaml"))}
 
@@ -400,7 +399,7 @@ def meta_torchvision(name: str) -> nn.Module:
     Built on meta directly; models whose constructors compute with tensors (RegNet's widths) are built on
     the CPU with initialisation skipped, then moved to meta.
     """
-    from torchvision import models
+    models = require("torchvision.models", "a torchvision:NAME model")
 
     try:
         with torch.device("meta"):

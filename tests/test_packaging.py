@@ -105,3 +105,105 @@ def test_the_wheel_imports_and_draws_a_page_without_the_source_tree(built: dict[
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert all(Path(f).is_relative_to(site) for f in out["files"]), out["files"]
     assert out["page"] > 10_000  # the template with the inlined script and style
+
+
+# ---- dependencies: ranges for users, exact versions for CI, extras named after what they enable --------------
+
+def _pyproject() -> dict:
+    import tomllib
+
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def test_core_dependencies_are_ranges_and_ci_pins_them() -> None:
+    """``pip install prunefx`` keeps an installed torch in range: no exact pin; CI's constraints pin each one."""
+    core = _pyproject()["dependencies"]
+    names = {d.split(">")[0].split("=")[0].split("<")[0].strip().lower() for d in core}
+    assert names == {"torch", "numpy", "typer", "rich", "pyyaml"}, names
+    assert not [d for d in core if "==" in d], core
+    pins = {line.split("==")[0].lower() for line in (ROOT / ".ci" / "constraints.txt").read_text().splitlines()
+            if "==" in line and not line.startswith("#")}
+    assert names <= pins, names - pins
+    assert "thop" not in pins  # it replaces ultralytics-thop
+
+
+def test_every_extra_a_message_names_exists() -> None:
+    from prunefx._extras import EXTRAS
+
+    extras = _pyproject()["optional-dependencies"]
+    assert set(EXTRAS.values()) <= set(extras), set(EXTRAS.values()) - set(extras)
+    assert {"vision", "yolo", "classify", "plots", "hf", "timm", "deploy", "all", "test"} <= set(extras)
+
+
+def _core_site(site: Path) -> Path:
+    """A site-packages holding only the core dependencies and what they require (links to the installed ones)."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    from packaging.requirements import Requirement
+
+    todo = [Requirement(d).name for d in _pyproject()["dependencies"]]
+    seen: set[str] = set()
+    site.mkdir()
+    while todo:
+        name = todo.pop().lower().replace("_", "-")
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            dist = distribution(name)
+        except PackageNotFoundError:
+            continue  # an optional requirement of a requirement that is not installed here either
+        for req in map(Requirement, dist.requires or ()):
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name)
+        for top in {f.parts[0] for f in dist.files or () if f.parts[0] != ".."}:
+            real = Path(dist.locate_file(top))
+            if real.exists() and not (site / top).exists():
+                (site / top).symlink_to(real)
+    return site
+
+
+_WITHOUT_EXTRAS = """
+import importlib.util, json, sys
+sys.path[:0] = [sys.argv[1], sys.argv[2]]  # the core's site-packages, the source tree
+import prunefx
+# prunefx.cli is the top-level cli/ folder (setup.py maps it; the editable install's finder is not loaded here)
+spec = importlib.util.spec_from_file_location("prunefx.cli", sys.argv[2] + "/cli/__init__.py",
+                                              submodule_search_locations=[sys.argv[2] + "/cli"])
+prunefx.cli = sys.modules["prunefx.cli"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(prunefx.cli)
+import torch
+from torch import nn
+import prunefx.cli.main, prunefx.pipeline, prunefx.report
+from prunefx.report import plots
+from prunefx.spec import load_spec
+
+model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 4, 3))
+result = prunefx.prune(model, torch.randn(1, 3, 16, 16), {"ratio": 0.25}, criterion="l1")
+errors = []
+for name in ("torchvision:resnet18", "ultralytics:yolov8n.yaml"):
+    try:
+        load_spec(name)
+    except ImportError as exc:
+        errors.append(f"{type(exc).__name__}: {exc}")
+optional = ("torchvision", "ultralytics", "sklearn", "matplotlib", "cv2", "transformers", "timm", "onnx")
+print(json.dumps({"ok": result.verified.ok, "errors": errors, "plots": plots.available(),
+                  "importable": [m for m in optional if importlib.util.find_spec(m) is not None]}))
+"""
+
+
+def test_the_core_runs_without_any_extra_and_names_the_missing_one(tmp_path: Path) -> None:
+    """Only the core dependencies importable (python -S, no site-packages): prune and verify work, and a part
+    that needs an extra says which one to install."""
+    site = _core_site(tmp_path / "site")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"YOLO_CONFIG_DIR": str(tmp_path / "yolo")}
+    proc = subprocess.run([sys.executable, "-S", "-c", _WITHOUT_EXTRAS, str(site), str(ROOT)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["ok"] and out["importable"] == [] and out["plots"] is False, out
+    assert out["errors"] == [
+        "MissingExtraError: a torchvision:NAME model needs torchvision, which is not installed: "
+        "pip install 'prunefx[vision]'",
+        "MissingExtraError: a YOLO model needs ultralytics, which is not installed: pip install 'prunefx[yolo]'",
+    ], out["errors"]

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
+from prunefx._extras import require
 from prunefx._io import atomic_write
 from prunefx.errors import PrunefxError
 
@@ -206,11 +207,8 @@ def _channels(x: torch.Tensor, channels: int) -> torch.Tensor:
 
 
 def _digits(spec: DatasetSpec) -> ClassificationData:
-    try:
-        from sklearn.datasets import load_digits
-    except ImportError as exc:  # pragma: no cover - a dependency of prunefx
-        raise DatasetError("the digits dataset needs scikit-learn: pip install scikit-learn==1.9.1") from exc
-    d = load_digits()  # shipped with scikit-learn: nothing is downloaded
+    # shipped with scikit-learn: nothing is downloaded
+    d = require("sklearn.datasets", "the digits dataset").load_digits()
     images = torch.tensor(d.images, dtype=torch.float32).unsqueeze(1) / 16.0
     labels = torch.tensor(d.target, dtype=torch.int64)
     train, val, test = (
@@ -293,7 +291,7 @@ def _layout(name: str) -> str:
 
 
 def _from_disk(spec: DatasetSpec) -> ClassificationData:
-    import torchvision
+    torchvision = require("torchvision", f"the {spec.name} dataset")
     from torchvision import transforms as T
 
     size, channels = spec.size, spec.channels or 3

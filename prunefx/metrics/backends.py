@@ -25,12 +25,13 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map_only
 
 from prunefx._defaults import ONNX_OPSET  # declared with the help texts' defaults (importable without torch)
+from prunefx._extras import install_hint
 from prunefx.metrics.common import MetricsError, as_args, rejected, untouched
 
 BACKENDS = ("torch", "onnxruntime")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 ORT_THREADS = "threads not spinning"  # how ort_session runs ONNX Runtime's thread pool (see there)
-_INSTALL_ORT = "pip install 'prunefx[deploy]' (or onnxruntime==1.31.1)"
+_INSTALL_ORT = install_hint("onnxruntime")
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from prunefx._extras import require
 from prunefx.pipeline.config import ConfigError, PruneSpec, apply_overrides, load_config
 from prunefx.pipeline.rundir import RunDir
 
@@ -30,6 +31,7 @@ def run_config(path: str | os.PathLike[str], overrides: Sequence[str] = (), *,
         from prunefx.pipeline.backends.classify import ClassifyJob, run_classify
 
         return run_classify(ClassifyJob.from_config(config, config_name=Path(path).stem), log=log)
+    require("ultralytics", "the YOLO pipeline")
     from prunefx.pipeline.backends.yolo import YoloJob, run_yolo
 
     return run_yolo(YoloJob.from_config(config, config_name=Path(path).stem), log=log)

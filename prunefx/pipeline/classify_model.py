@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from prunefx._extras import require
 from prunefx._io import atomic_torch_save, load_torch_file
 from prunefx.checkpoint import FORMAT as PRUNED_FORMAT
 from prunefx.errors import SpecError, UntrustedFileError
@@ -47,7 +48,7 @@ def classifier_factory(spec: str, *, num_classes: int, in_channels: int) -> Call
     """A no-argument callable building a fresh model for ``spec`` (what :func:`prunefx.load` takes)."""
     if spec.startswith("torchvision:"):
         name = spec.partition(":")[2]
-        from torchvision import models
+        models = require("torchvision.models", "a torchvision:NAME model")
 
         known = models.list_models(module=models)  # image classifiers only
         if name not in known:

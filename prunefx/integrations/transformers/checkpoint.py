@@ -23,6 +23,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from prunefx._extras import require
 from prunefx._io import atomic_path, atomic_write
 from prunefx.analysis.graph import DependencyGraph
 from prunefx.analysis.roles import Kind
@@ -130,6 +131,7 @@ def meta_model(path, cls=None, *, trust_remote_code: bool = False) -> nn.Module:
     """The checkpoint's architecture from its ``config.json``, on the meta device (``cls``: an ``AutoModel*`` or model
     class; default ``AutoModelForCausalLM``); ``trust_remote_code``: run the modelling code the checkpoint ships."""
     # Always an explicit True/False: with None transformers asks on stdin, and a "y" runs the checkpoint's files.
+    require("transformers", "a Hugging Face checkpoint")
     from transformers import AutoConfig, AutoModelForCausalLM
 
     cls = cls or AutoModelForCausalLM

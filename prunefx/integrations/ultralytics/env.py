@@ -7,6 +7,7 @@ weights-only (``ULTRALYTICS_SAFE_LOAD``, which prunefx turns on unless it is set
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import sys
@@ -42,6 +43,8 @@ def setup_offline(cache_dir: Path | str | None = None) -> Path:
     # with its allow-list, and model yamls built without eval. prunefx's own loads choose explicitly (io.py).
     os.environ.setdefault("ULTRALYTICS_SAFE_LOAD", "1")
 
+    if not _installed("ultralytics"):  # without the yolo extra there is nothing to keep offline (nor matplotlib)
+        return config_dir
     fonts_dir = config_dir / "Ultralytics"  # what ultralytics' get_user_config_dir() appends
     fonts_dir.mkdir(parents=True, exist_ok=True)
     fonts = [_place_font(fonts_dir / name) for name in FONT_NAMES]
@@ -49,6 +52,13 @@ def setup_offline(cache_dir: Path | str | None = None) -> Path:
     if "ultralytics.utils" in sys.modules:
         _patch_imported_ultralytics(fonts_dir, fonts)
     return config_dir
+
+
+def _installed(package: str) -> bool:
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ValueError, ImportError):  # removed from sys.modules, or a finder that refuses it
+        return False
 
 
 def cpu_train_kwargs(*, plots: bool = False, **overrides: Any) -> dict[str, Any]:

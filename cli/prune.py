@@ -21,11 +21,22 @@ if TYPE_CHECKING:
 CONFIG_SUFFIXES = (".yaml", ".yml")
 
 
+class Normalize(str, Enum):
+    """How each group's scores are scaled before one global ranking: PlanConfig.normalize's values (a test checks)."""
+
+    none = "none"
+    mean = "mean"
+    max = "max"
+    sum = "sum"
+    standard = "standard"
+
+
 class Scope(str, Enum):
     """How the target is spread over groups."""
 
     global_ = "global"  # one score threshold over every group (network slimming)
     local = "local"  # every group loses the same fraction
+    sensitivity = "sensitivity"  # widths of least measured damage (each group's cut measured on calibration data)
 
 
 def prune(
@@ -49,7 +60,16 @@ def prune(
         typer.Option(help="Keep this fraction of the latency measured on --backend/--device/--threads, in (0, 1)."),
     ] = None,
     criterion: Annotated[str, typer.Option(help="Channel importance: bn_scale, l1, l2, taylor, random.")] = "bn_scale",
-    scope: Annotated[Scope, typer.Option(help="global threshold or per-layer (local) ratio.")] = Scope.global_,
+    scope: Annotated[
+        Scope,
+        typer.Option(help="global threshold, per-layer (local) ratio, or sensitivity: each group's width from its "
+                          "measured output damage (a SPEC comes with no data: measured on its one example input).")
+    ] = Scope.global_,
+    normalize: Annotated[
+        Normalize,
+        typer.Option(help="Scale each group's scores before the global ranking: by its mean, max or sum of |score|, "
+                          "or standardised; none ranks raw scores."),
+    ] = Normalize.none,
     round_to: Annotated[
         str,
         typer.Option(
@@ -60,6 +80,9 @@ def prune(
     ignore: Annotated[
         list[str] | None, typer.Option(help="fnmatch pattern of modules to leave alone (repeatable).")
     ] = None,
+    steps: Annotated[
+        int, typer.Option(min=1, help="Reach the target in this many cuts, re-scoring the model between them.")
+    ] = 1,
     imgsz: Annotated[int | None, typer.Option(help=f"Input image size (default: {SIZES}).")] = None,
     out: Annotated[Path | None, typer.Option(help="Run directory (default: runs/prune/<model>).")] = None,
     exist_ok: Annotated[bool, typer.Option(help="Replace an existing run directory (only a prunefx run).")] = False,
@@ -71,6 +94,13 @@ def prune(
     ),
     device: Annotated[str, typer.Option(help="Where forwards are timed: cpu, cuda, cuda:N.")] = "cpu",
     threads: Annotated[int | None, typer.Option(min=1, help="Threads while timing (default: torch's).")] = None,
+    refit: Annotated[
+        bool,
+        typer.Option("--refit", help="After the cut, re-fit each layer that lost input channels by least squares to "
+                                     "the original's outputs. A SPEC comes with no data: the calibration is its one "
+                                     "example input (--imgsz), and the report says so (prune.refit in a config: "
+                                     "8 batches of its training data)."),
+    ] = False,
     trust_checkpoint: Annotated[bool, typer.Option("--trust-checkpoint", help=TRUST_HELP)] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="On error, also print the traceback.")] = False,
 ) -> None:
@@ -95,7 +125,7 @@ def prune(
     config = prunefx.PlanConfig(  # no target given: PlanConfig's own default (half the FLOPs)
 
         ratio=ratio, flops=flops, params=params, latency=latency_target, scope=scope.value, round_to=rounding,
-        ignore=tuple(ignore or ()),
+        ignore=tuple(ignore or ()), normalize=normalize.value,
     )
     keeps_all = [f"--{k} {v}" for k, v, full in (("flops", flops, 1.0), ("params", params, 1.0), ("ratio", ratio, 0.0),
                                                   ("latency-target", latency_target, 1.0)) if v == full]
@@ -109,7 +139,7 @@ def prune(
         deployment.resolve()  # a missing GPU or onnxruntime fails now, before any work
     loaded = load_spec(spec, imgsz=imgsz, trust_checkpoint=trust_checkpoint)
     _check_train_mode(loaded)
-    _prune_once(loaded, spec, config, criterion, run_dir, latency, deployment)
+    _prune_once(loaded, spec, config, criterion, run_dir, latency, deployment, steps=steps, refit=refit)
 
 
 def is_config_argument(arg: str) -> bool:
@@ -200,6 +230,9 @@ def _prune_once(
     run_dir: Path,
     latency: bool,
     deployment: "Deployment",
+    *,
+    steps: int = 1,
+    refit: bool = False,
 ) -> None:
     """The pipelines' stage loop without training (baseline -> prune -> report), run directory built aside."""
     from prunefx.pipeline.backends.spec import run_spec
@@ -207,10 +240,10 @@ def _prune_once(
     from prunefx.pipeline.records import PruneDone, read
     from prunefx.pipeline.runner import ONE_SHOT, Job
     from prunefx.plan import PruningPlan
-    from prunefx.report import load_report, render_table
+    from prunefx.report import load_report, refit_line, render_table
 
     console = new_console()
-    prune_spec = PruneSpec(criterion=criterion, plan=config, latency=latency)
+    prune_spec = PruneSpec(criterion=criterion, plan=config, latency=latency, steps=steps, refit=refit)
     job = Job(prune=prune_spec, run=RunOptions(project=str(run_dir.parent), name=run_dir.name),
               config={"spec": spec, "prune": prune_spec.to_dict()}, stages=ONE_SHOT)
     status = "measuring latencies, planning against them, " if config.latency is not None else "analyzing, scoring, "
@@ -227,6 +260,8 @@ def _prune_once(
     for warning in report["warnings"]:
         console.print(f"[yellow]warning: {warning}[/yellow]")
     console.print(f"[green]verify: {pruned.verify}[/green]")
+    if pruned.refit:
+        console.print(refit_line(pruned.refit))
     for frozen in pruned.frozen_by_check:
         console.print(f"[yellow]frozen by the check: {frozen.name}: {frozen.reason}[/yellow]")
     console.print(f"run directory: {run.root} (report.md, report.html, report.json, plan.json, pruned.pt)")

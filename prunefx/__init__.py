@@ -29,13 +29,13 @@ _PUBLIC = {
     "verify": "prunefx.verify", "VerifyResult": "prunefx.verify",
     "prune": "prunefx.api", "PruneResult": "prunefx.api",
     "save": "prunefx.checkpoint", "load": "prunefx.checkpoint",
-    "PrunefxError": "prunefx.errors", "VerificationError": "prunefx.errors",
+    "PrunefxError": "prunefx.errors", "VerificationError": "prunefx.errors", "ScoreScaleWarning": "prunefx.errors",
 }  # fmt: skip
 __all__ = [  # in pipeline order, as the README introduces them
     "trace", "register_leaf", "analyze", "DependencyGraph", "Group", "Member", "register_rule",
     "score", "Scores", "register_criterion", "make_plan", "PlanConfig", "PlanError", "PruningPlan", "CostModel",
     "apply_plan", "register_fixer", "verify", "VerifyResult", "prune", "PruneResult", "save", "load", "PrunefxError",
-    "VerificationError",
+    "VerificationError", "ScoreScaleWarning",
 ]  # fmt: skip
 __version__ = "0.1.0"
 
@@ -72,7 +72,7 @@ if TYPE_CHECKING:  # what the names are, for type checkers and editors
     from prunefx.api import PruneResult, prune
     from prunefx.capture import register_leaf, trace
     from prunefx.checkpoint import load, save
-    from prunefx.errors import PrunefxError
+    from prunefx.errors import PrunefxError, ScoreScaleWarning
     from prunefx.importance import Scores, register_criterion, score
     from prunefx.plan import CostModel, PlanConfig, PlanError, PruningPlan, make_plan
     from prunefx.transform import apply_plan, register_fixer

@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 import os
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
@@ -30,13 +30,17 @@ from torch import nn
 from prunefx._config import from_dict
 from prunefx.analysis import Capture, DependencyGraph, analyze
 from prunefx.analysis.parts import PartialCapture, check_inputs
-from prunefx.errors import TiedScoresWarning, VerificationError
+from prunefx.errors import PrunefxError, ScoreScaleWarning, TiedScoresWarning, VerificationError
 from prunefx.importance import Scores, compensates, score, ties_at_cut
 from prunefx.metrics import Deployment
 from prunefx.plan import CostModel, GroupPlan, PlanConfig, PlanError, PruningPlan, make_plan
 from prunefx.plan.latency import LatencyModel, LatencyOutcome
 from prunefx.plan.measured import plan_for_latency
-from prunefx.transform import Compensation, apply_plan, compensate, owned_modules
+from prunefx.plan.sensitivity import SensitivityCurves
+from prunefx.sensitivity import measure as measure_sensitivity
+from prunefx.steps import prune_in_steps
+from prunefx.transform import Compensation, Refit, apply_plan, check_calibration, compensate, owned_modules
+from prunefx.transform import refit as refit_layers  # prune()'s own refit is its flag
 from prunefx.verify import VerifyResult, verify
 
 _MAX_ROUNDS = 3  # localise-freeze-replan rounds before giving up
@@ -53,9 +57,12 @@ class PruneResult:
     scores: Scores
     verified: VerifyResult | None
     compensation: Compensation | None = None
+    refit: Refit | None = None  # the re-fit after the cut (refit=True): each layer's calibration error before/after
     latency: LatencyOutcome | None = None  # a latency target's rounds: planned vs measured, re-plans
     frozen_by_check: tuple[tuple[int, str], ...] = ()  # (group id, reason): groups that failed the oracle
-    warnings: tuple[str, ...] = ()  # what prune() warned about (tied scores at the cut), for a CLI or report to show
+    warnings: tuple[str, ...] = ()  # what prune() warned about (tied scores, score scales), for a CLI or report
+    sensitivity: SensitivityCurves | None = None  # scope="sensitivity": the measured damage curves planned on
+    steps: tuple[PruneResult, ...] = ()  # prune(steps=k): each cut's own result (plan relative to the model it cut)
 
     @property
     def parts(self) -> PartialCapture | None:
@@ -74,6 +81,10 @@ def prune(
     capture: Capture = "auto",
     deployment: Deployment | None = None,
     latency_cache: str | os.PathLike[str] | None = "default",
+    steps: int = 1,
+    calibration: Iterable[Any] | None = None,
+    refit: bool = False,
+    sensitivity_cache: str | os.PathLike[str] | None = "default",
     **score_kwargs: Any,
 ) -> PruneResult:
     """Prune ``model`` in place to ``config``'s target and (with ``check``) verify it against the masked original.
@@ -90,10 +101,25 @@ def prune(
     pruned model is measured end to end against the original and re-planned while it misses by more than
     5% either way, the prediction calibrated on the measured plans (at most 4 plans;
     ``PruneResult.latency`` says how it went: plans, predicted and measured fractions, the miss and its side).
-    ``score_kwargs`` go to :func:`prunefx.importance.score` (``fallback``, ``calibration``, ``loss_fn``, ``seed``).
+    ``steps=k`` reaches the target in k cuts, re-analysing and re-scoring between them (:mod:`prunefx.steps`).
+    ``score_kwargs`` go to :func:`prunefx.importance.score` (``fallback``, ``loss_fn``, ``seed``).
+    ``calibration``: the user's data, passed once (read once into a list): batches of model inputs, or
+    ``(inputs, targets)`` pairs (what criterion "taylor" needs); it goes to :func:`prunefx.importance.score` as
+    is, and wherever prunefx runs the model on it (``refit``) each batch's model inputs are read by
+    :func:`_calibration_inputs`' rule: a 2-tuple is ``(inputs, targets)``; inputs are a tensor or a list of
+    positional inputs.
+    ``refit`` re-fits, after the cut, every layer that lost input channels by least squares to reproduce the
+    original layer's output on ``calibration`` (:func:`prunefx.transform.refit`; it replaces bias compensation);
+    the oracle checks the structure before it, ``PruneResult.refit`` gives each layer's error before and after.
+    Costs (layers re-fitted + 2) forward passes over the calibration batches.
+    ``PlanConfig(scope="sensitivity")`` measures each group's damage curve on ``calibration`` first
+    (:mod:`prunefx.sensitivity`: the relative output error, or with ``loss_fn`` the loss increase; cached under
+    ``sensitivity_cache``, None: not cached) and plans the least total damage; ``PruneResult.sensitivity``.
     Raises :class:`VerificationError` (model untouched) when no plan to the target passes the oracle.
     When the cut falls among (near-)tied scores (a fresh or zeroed BatchNorm's gammas), a
-    :class:`~prunefx.errors.TiedScoresWarning` says so and ``PruneResult.warnings`` keeps it.
+    :class:`~prunefx.errors.TiedScoresWarning` says so and ``PruneResult.warnings`` keeps it; so does a
+    :class:`~prunefx.errors.ScoreScaleWarning` when a global plan over raw scores (``normalize="none"``) spans
+    groups whose score scales differ more than 10x (``PruningPlan.score_scale_note``).
 
     When the model's own forward cannot be captured (tensor-dependent Python control flow in it), the largest
     submodules that can be are pruned with their boundaries frozen (:mod:`prunefx.analysis.parts`): one joint plan
@@ -101,36 +127,90 @@ def prune(
     as fixed cost, so a target below it is not reachable), verified end to end on the whole model.
     ``PruneResult.parts`` and the plan's summary say which parts and what stayed opaque.
     """
+    calibration = None if calibration is None else list(calibration)  # read once: scored, then re-fitted on
+    if steps != 1 or not isinstance(steps, int) or isinstance(steps, bool):
+        passed = dict(locals())  # every argument, whatever prune() grows, goes to each cut unchanged
+        for own in ("model", "example_inputs", "config", "steps", "score_kwargs"):
+            del passed[own]
+        return prune_in_steps(prune, model, example_inputs, _plan_config(config), steps, **passed, **score_kwargs)
     example_inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
     config = _plan_config(config)
-    compensated = compensates(criterion) if bias_compensation is None else bias_compensation
+    refit_inputs = _refit_inputs(model, calibration, bias_compensation) if refit else None  # before any work
+    if config.scope == "sensitivity" and calibration is None:  # refused before any work
+        raise PlanError("scope='sensitivity' measures each group's damage on calibration data: pass "
+                        "prunefx.prune(..., calibration=[x, ...]) (a few batches of model inputs)")
+    compensated = not refit and (compensates(criterion) if bias_compensation is None else bias_compensation)
     dg = analyze(model, example_inputs, capture=capture)
     _check_capture(dg, config)
     owned = owned_modules(model)
-    scores = score(model, dg, criterion, **score_kwargs)
+    scores = score(model, dg, criterion, **({"calibration": calibration} if calibration is not None else {}),
+                   **score_kwargs)
+    curves = None
+    if config.scope == "sensitivity":  # damage measured as the cut will be made (compensated or not)
+        curves = measure_sensitivity(
+            model, dg, scores, calibration, loss_fn=score_kwargs.get("loss_fn"), compensate_bias=compensated,
+            config=config, example_inputs=example_inputs, cache=sensitivity_cache,
+        )
     cost = CostModel(model, dg, example_inputs) if check or config.target[0] in ("flops", "params") else None
     latency, outcome = None, None
     if config.needs_latency:
         plan, outcome, latency = plan_for_latency(
             model, dg, scores, config, example_inputs, apply=apply_plan, capture=capture, deployment=deployment,
-            cache=latency_cache, cost=cost, owned_constants=owned,
+            cache=latency_cache, cost=cost, owned_constants=owned, sensitivity=curves,
         )
     else:
-        plan = make_plan(dg, scores, config, cost=cost, owned_constants=owned)
+        plan = make_plan(dg, scores, config, cost=cost, owned_constants=owned, sensitivity=curves)
     extra = _target_extras(dg, latency)
     plan = replace(plan, target={**plan.target, **extra})
     verified = None
     if check:
         trial = _Trial(model, example_inputs, config, compensated)
-        replan = partial(_replan, scores=scores, config=config, cost=cost, latency=latency, owned=owned, extra=extra)
+        replan = partial(_replan, scores=scores, config=config, cost=cost, latency=latency, owned=owned, extra=extra,
+                         sensitivity=curves)
         dg, plan, verified = _checked_plan(trial, dg, plan, replan)
-    said = _warn_ties(scores, plan)
+    said = _warn_ties(scores, plan) + _warn_scales(plan)
     compensation = compensate(model, dg, plan, example_inputs) if compensated else None
+    original = copy.deepcopy(model) if refit_inputs is not None else None  # the re-fit's targets
     pruned = apply_plan(model, dg, plan, graph_rewrite=config.graph_rewrite)
     if check:
-        trial.assert_same(pruned)
+        trial.assert_same(pruned)  # the structure the oracle proved, before the re-fit changes values
+    refitted = refit_layers(original, pruned, dg, plan, refit_inputs) if refit_inputs is not None else None
     return PruneResult(model=pruned, plan=plan, graph=dg, scores=scores, verified=verified, compensation=compensation,
-                       latency=outcome, frozen_by_check=dg.frozen_by_check, warnings=said)
+                       refit=refitted, latency=outcome, frozen_by_check=dg.frozen_by_check, warnings=said,
+                       sensitivity=curves)
+
+
+def _calibration_inputs(calibration: Iterable[Any]) -> list[tuple]:
+    """Each calibration batch's positional model inputs, by the rule :func:`prunefx.importance.score` reads them.
+
+    A 2-tuple is ``(inputs, targets)`` (criterion "taylor"'s pairs): its inputs are the first element. Inputs are a
+    tensor (the model's one input) or a list (or other tuple) of positional inputs: a model of two inputs passes
+    each batch as ``[x1, x2]`` (a 2-tuple would be read as inputs and targets).
+    """
+    out = []
+    for i, item in enumerate(calibration):
+        inputs = item[0] if isinstance(item, tuple) and len(item) == 2 else item
+        if isinstance(inputs, torch.Tensor):
+            out.append((inputs,))
+        elif isinstance(inputs, (list, tuple)):
+            out.append(tuple(inputs))
+        else:
+            raise PrunefxError(f"calibration batch {i} is a {type(inputs).__name__}; pass batches of model inputs "
+                               "(a tensor, or a list of positional inputs) or (inputs, targets) pairs")
+    return out
+
+
+def _refit_inputs(model: nn.Module, calibration: list | None, bias_compensation: bool | None) -> list[tuple]:
+    """The re-fit's calibration batches, refused before any work when missing or not runnable on ``model``."""
+    if calibration is None:
+        raise PrunefxError("refit=True needs calibration data: pass calibration=[x, ...] (a few batches of model "
+                           "inputs, or (inputs, targets) pairs) or leave refit off; the model was not changed")
+    if bias_compensation:
+        raise PrunefxError("refit=True replaces bias compensation (it re-solves each bias); leave "
+                           "bias_compensation unset or False")
+    batches = _calibration_inputs(calibration)
+    check_calibration(model, batches)  # a batch the model cannot take is refused while it is whole
+    return batches
 
 
 def _check_capture(dg: DependencyGraph, config: PlanConfig) -> None:
@@ -162,9 +242,11 @@ def _replan(
     latency: LatencyModel | None,
     owned: frozenset[str],
     extra: Mapping[str, Any],
+    sensitivity: SensitivityCurves | None = None,
 ) -> PruningPlan:
     """The same target on the analysis with the groups that failed the check frozen."""
-    again = make_plan(frozen, scores, config, cost=cost, latency=latency, owned_constants=owned)
+    again = make_plan(frozen, scores, config, cost=cost, latency=latency, owned_constants=owned,
+                      sensitivity=sensitivity)
     return replace(again, target={**again.target, **extra})
 
 
@@ -188,6 +270,15 @@ def _warn_ties(scores: Scores, plan: PruningPlan) -> tuple[str, ...]:
     message = ties.message()
     warnings.warn(message, TiedScoresWarning, stacklevel=3)  # at the caller of prune()
     return (message,)
+
+
+def _warn_scales(plan: PruningPlan) -> tuple[str, ...]:
+    """Warn (ScoreScaleWarning) when a global plan ranked raw scores of very differently scaled groups."""
+    note = plan.score_scale_note()
+    if note is None:
+        return ()
+    warnings.warn(note, ScoreScaleWarning, stacklevel=3)  # at the caller of prune()
+    return (note,)
 
 
 class _Trial:

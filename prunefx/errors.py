@@ -51,3 +51,7 @@ class TrustWarning(PrunefxWarning):
 
 class TiedScoresWarning(PrunefxWarning):
     """The plan cut among channels whose scores are (near-)tied, so by their position, not their importance."""
+
+
+class ScoreScaleWarning(PrunefxWarning):
+    """A global plan ranked raw scores of groups whose scales differ widely, so one group's scale decided the cut."""

@@ -66,3 +66,17 @@ def long_names() -> nn.Module:
     model.add_module("flatten", nn.Flatten())
     model.add_module("classifier_head_projecting_to_the_ten_classes", nn.Linear(16, 10))
     return model
+
+
+def scaled_cnn() -> nn.Module:
+    """Two Conv-BN-ReLU blocks whose BatchNorm gammas differ ~50x in scale: raw bn_scale scores are not comparable."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+        nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10),
+    )  # fmt: skip
+    with torch.no_grad():  # distinct gammas (no ties), the second layer's 50x smaller
+        model[1].weight.uniform_(0.2, 1.2)
+        model[4].weight.uniform_(0.004, 0.024)
+    return model

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-CORE = {"capture", "passes", "analysis", "importance", "plan", "transform", "verify", "checkpoint", "api"}
-BASE = {"errors", "_io", "_plugins", "_config", "_state", "_defaults"}
+CORE = {"capture", "passes", "analysis", "importance", "plan", "transform", "verify", "checkpoint", "steps",
+        "sensitivity", "api"}
+BASE = {"errors", "_io", "_plugins", "_config", "_state", "_defaults", "_extras"}
 # unit -> the units it may import (besides itself and BASE)
 ALLOWED: dict[str, set[str]] = {
     "capture": set(),
@@ -22,7 +23,10 @@ ALLOWED: dict[str, set[str]] = {
     "verify": {"analysis", "capture", "plan"},
     "view": {"analysis", "capture", "plan"},  # the graph page: an analysed graph and its plan, drawn as HTML
     "checkpoint": {"analysis", "plan", "transform"},
-    "api": {"analysis", "importance", "metrics", "plan", "transform", "verify"},
+    "steps": {"analysis", "plan", "transform", "verify"},  # k cuts composed into one plan; the cut itself is api's
+    # measured sensitivity: prunes copies of the model (transform) to measure the damage curves a plan reads
+    "sensitivity": {"analysis", "capture", "importance", "plan", "transform"},
+    "api": {"analysis", "importance", "metrics", "plan", "transform", "verify", "steps", "sensitivity"},
     "export": {"capture", "metrics", "passes"},  # ONNX files checked with ONNX Runtime
     "report": {"metrics", "view"},  # report.html draws a run's graph.json with the view's page
     "data": set(),

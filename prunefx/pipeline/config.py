@@ -9,10 +9,13 @@ onto ``PlanConfig(flops=0.5)``; the stage keys beside each config's own)::
     prune:
       criterion: bn_scale            # bn_scale | l1 | l2 | taylor | random
       target: {flops: 0.5}           # exactly one of ratio / flops / params (default: PlanConfig's)
-      scope: global                  # and any other PlanConfig field: round_to, ignore, max_ratio, ...
+      scope: global                  # global | local | sensitivity (measured on calibration batches of the data)
+                                     # and any other PlanConfig field: round_to, ignore, max_ratio, ...
+      steps: 1                       # cuts that reach the target, re-scoring between them
       sparsity: {epochs: 0, start: baseline, s: 1.0e-4, schedule: constant, ...}   # + training keys
       finetune: {epochs: 10, distill: false}   # plus any training key, overriding the top level for fine-tuning
       controls: []                   # narrow, scratch: models trained from scratch beside the pruned one
+      refit: false                   # least-squares re-fit after the cut on calibration batches of the data
 
 >>> raw = load_config("configs/yolo.yaml", ["epochs=3", "prune.target.flops=0.4"])
 >>> spec = PruneSpec.parse(raw["prune"], train_keys=ultralytics_keys())
@@ -166,14 +169,21 @@ class PruneSpec:
     finetune: FinetuneStage = FinetuneStage()
     controls: tuple[Literal["narrow", "scratch"], ...] = ()  # CONTROLS trained from scratch for the verdict
     bias_compensation: bool | None = None  # default: on for bn_scale
+    refit: bool = False  # least-squares re-fit of the layers that read pruned channels, on calibration batches
     verify: bool = True  # the oracle: the pruned model equals the masked original
     latency: bool = True  # time the models for the report
+    steps: int = 1  # cuts that reach the target, re-scoring between them (prunefx.prune(steps=))
 
     def __post_init__(self) -> None:
         if self.criterion not in CRITERIA:
             check_keys([self.criterion], CRITERIA, "prune.criterion", what="value")
         if len(set(self.controls)) != len(self.controls):
             raise ConfigError(f"prune.controls lists a control twice: {list(self.controls)}")
+        if self.refit and self.bias_compensation:
+            raise ConfigError("prune.refit replaces bias compensation (it re-solves each bias); leave "
+                              "prune.bias_compensation unset or false")
+        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
+            raise ConfigError(f"prune.steps must be >= 1 (the number of cuts that reach the target), got {self.steps}")
 
     @classmethod
     def parse(cls, block: Any, *, train_keys: Iterable[str]) -> PruneSpec:

@@ -115,6 +115,9 @@ class PruneDone:
     macs_kept_estimate: float | None  # the planner's estimate (None: it had no MACs); written even when None
     warnings: tuple[str, ...]
     partial_capture: Mapping[str, Any] | None = None  # the model's own forward was not captured: what was pruned
+    refit: Mapping[str, Any] | None = None  # prune.refit: prunefx.transform.Refit.to_dict() (errors before/after)
+    # scope "sensitivity": the measured curves (prunefx.plan.sensitivity.SensitivityCurves.to_dict()) and their data
+    sensitivity: Mapping[str, Any] | None = None
     metrics: Row
 
 

@@ -30,7 +30,7 @@ from torch import nn
 from prunefx._config import ConfigError, to_dict
 from prunefx._io import atomic_write
 from prunefx.analysis import DependencyGraph
-from prunefx.errors import PrunefxError, TiedScoresWarning
+from prunefx.errors import PrunefxError, ScoreScaleWarning, TiedScoresWarning
 from prunefx.metrics import Deployment
 from prunefx.pipeline.config import PruneSpec, RunOptions, StageSpec
 from prunefx.pipeline.diagnose import score_warnings, sparsity_warnings
@@ -61,6 +61,7 @@ from prunefx.train.sparsity import SparsityConfig, sparsity_stats
 
 STAGES = ("baseline", "sparsity", "prune", "finetune", "controls", "report")
 ONE_SHOT = ("baseline", "prune", "report")  # `prunefx prune SPEC`: nothing trained
+CALIBRATION_BATCHES = 8  # batches of the backend's data a re-fit (prune.refit) or scope sensitivity runs on
 # training runs in every rank, the rest in rank 0
 _EVERY_RANK = frozenset({"baseline", "sparsity", "finetune", "controls"})
 
@@ -102,6 +103,14 @@ class Backend(Protocol):
 
     def score_kwargs(self, criterion: str) -> dict[str, Any]:
         """Extra arguments of ``prunefx.importance.score`` (taylor: labelled calibration batches)."""
+
+    def calibration(self, batches: int) -> list[Any]:
+        """Up to ``batches`` batches of model inputs (or (inputs, targets) pairs) from the pipeline's data, for
+        ``prune(calibration=...)``; a backend without data refuses with a ConfigError naming the fix."""
+
+    @property
+    def calibration_source(self) -> str:
+        """What :meth:`calibration` returns, in words, for the report ("the first 256 training images")."""
 
     def from_checkpoint(self) -> nn.Module:
         """The model in ``checkpoint``, in every rank."""
@@ -176,10 +185,14 @@ def preflight(spec: PruneSpec, backend: Backend) -> None:
     dg = analyze(backend.architecture(), backend.example_inputs())
     ones = {g.id: np.ones(g.channels) for g in dg.groups if g.prunable}
     # Which groups may be pruned does not depend on the target or the rounding: a plain ratio plan tells.
-    plan = make_plan(dg, ones, replace(spec.plan, **{**dict.fromkeys(TARGETS), "ratio": 0.5}, round_to=1))
+    # (scope "sensitivity" plans on measured curves; which groups it may cut is the same as a global plan's)
+    scope = "global" if spec.plan.scope == "sensitivity" else spec.plan.scope
+    plan = make_plan(dg, ones, replace(spec.plan, **{**dict.fromkeys(TARGETS), "ratio": 0.5}, round_to=1, scope=scope))
     reason = nothing_to_prune(dg, plan, backend.name)
     if reason:
         raise ConfigError(reason)
+    if spec.refit or spec.plan.scope == "sensitivity":
+        backend.calibration(1)  # a backend without data refuses prune.refit / scope sensitivity now, before training
 
 
 def nothing_to_prune(dg: DependencyGraph, plan: PruningPlan, model: str) -> str | None:
@@ -315,11 +328,15 @@ def _prune(ctx: _Ctx) -> PruneDone:
     spec, b = ctx.job.prune, ctx.backend
     source: Role = "sparse" if ctx.ran("sparsity") else "baseline"
     model = b.load(source).eval()
+    kwargs = b.score_kwargs(spec.criterion)
+    if spec.refit or spec.plan.scope == "sensitivity":  # taylor's labelled batches serve these too: passed once
+        kwargs.setdefault("calibration", b.calibration(CALIBRATION_BATCHES))
     with warnings.catch_warnings():  # score_warnings below logs tied scores with the run's own fix, once
         warnings.simplefilter("ignore", TiedScoresWarning)
+        warnings.simplefilter("ignore", ScoreScaleWarning)  # the report carries it below, as prune() phrased it
         result = prune(model, b.prune_inputs(), spec.plan, criterion=spec.criterion, check=spec.verify,
-                       bias_compensation=spec.bias_compensation, deployment=b.deployment(),
-                       **b.score_kwargs(spec.criterion))
+                       bias_compensation=spec.bias_compensation, deployment=b.deployment(), steps=spec.steps,
+                       refit=spec.refit, **kwargs)
     reason = nothing_to_prune(result.graph, result.plan, b.name)
     if reason:
         raise ConfigError(reason)
@@ -337,6 +354,8 @@ def _prune(ctx: _Ctx) -> PruneDone:
     est = result.plan.estimate
     sparsity = ctx.done("sparsity")
     found = score_warnings(result, spec.criterion, sparsity.gamma_stats if isinstance(sparsity, SparsityDone) else None)
+    if note := result.plan.score_scale_note():  # raw scores of very differently scaled groups under one threshold
+        found.append(note)
     partial = None
     if result.parts is not None:  # the model's own forward was not captured: what was pruned and what was not
         partial = result.parts.to_dict()
@@ -357,6 +376,9 @@ def _prune(ctx: _Ctx) -> PruneDone:
         macs_kept_estimate=est["macs_after"] / est["macs_before"] if est.get("macs_before") else None,
         warnings=tuple(found),
         partial_capture=partial,
+        refit={**result.refit.to_dict(), "calibration": b.calibration_source} if result.refit is not None else None,
+        sensitivity=({**result.sensitivity.to_dict(), "calibration": b.calibration_source}
+                     if result.sensitivity is not None else None),
         metrics=b.evaluate("pruned", result.model, alone=True),  # only rank 0 runs this stage
     )
 
@@ -521,6 +543,8 @@ def _report(ctx: _Ctx) -> ReportDone:
                          "gammas": to_dict(sparse.gammas) if sparse else None}}
            if "sparsity" in ctx.job.stages else {}),
         **({"latency_target": to_dict(pr.latency_target)} if pr.latency_target else {}),
+        **({"refit": dict(pr.refit)} if pr.refit else {}),  # calibration error before/after, per layer
+        **({"sensitivity": dict(pr.sensitivity)} if pr.sensitivity else {}),  # per-group damage curves, plotted
         **b.settings(),
     }
     warnings = [w for s in ("sparsity", "prune", "controls") for w in warnings_of(ctx.done(s))]

@@ -10,6 +10,8 @@ from prunefx.errors import PrunefxError
 
 Target = Literal["ratio", "flops", "params", "latency"]
 TARGETS: tuple[Target, ...] = ("ratio", "flops", "params", "latency")
+Normalize = Literal["none", "mean", "max", "sum", "standard"]
+NORMALIZE: tuple[Normalize, ...] = ("none", "mean", "max", "sum", "standard")
 DEFAULT_TARGET = ("flops", 0.5)  # the common ask: half the compute
 
 
@@ -25,14 +27,19 @@ class PlanConfig:
     model's MACs / parameters / measured latency to KEEP, in (0, 1] ("flops: 0.5" keeps half; latency is
     measured on a deployment, see ``prunefx.prune``). No target given: ``DEFAULT_TARGET``, the one default of
     the API, the CLI and the pipeline configs. scope "global": one score threshold over every group (network
-    slimming), or for latency the greedy latency planner; "local": each group loses the same fraction.
+    slimming), or for latency the greedy latency planner; "local": each group loses the same fraction;
+    "sensitivity": each group's width from its measured damage curve, the least total damage that meets the target
+    (curves measured on calibration batches, :mod:`prunefx.plan.sensitivity`; ``prunefx.prune(..., calibration=)``).
+    normalize: how each group's scores are made comparable before a global ranking (global scope only; the order
+    inside a group never changes): "none" ranks raw scores, "mean" / "max" / "sum" divide by the group's mean /
+    max / sum of |score|, "standard" subtracts the group's mean and divides by its standard deviation.
     """
 
     ratio: float | None = None
     flops: float | None = None
     params: float | None = None
     latency: float | None = None
-    scope: Literal["global", "local"] = "global"
+    scope: Literal["global", "local", "sensitivity"] = "global"
     min_channels: int = 1  # never prune a group below this many channels (never to zero)
     max_ratio: float = 0.9  # never remove more than this fraction of one group
     # kept widths rounded up to a multiple of this (hardware-friendly); "auto": to the fast edge of the measured
@@ -42,6 +49,7 @@ class PlanConfig:
     overrides: tuple[tuple[str, float], ...] = ()  # (module pattern, ratio) for local per-layer ratios
     graph_rewrite: bool = False  # allow rewriting literal channel counts in the traced graph
     uniform_layers: bool = False  # groups with the same role in repeated layers keep equal counts (one config value)
+    normalize: Normalize = "none"  # per-group score scaling before the global ranking (see the docstring)
 
     def __post_init__(self) -> None:
         check_fields(self, error=PlanError)

@@ -67,15 +67,22 @@ class CostModel:
                 by_param.setdefault(key.name, []).append(key)
         self._params = [(sizes[n], keys) for n, keys in by_param.items()]
         self._params_scaled = sum(s for s, _ in self._params)
+        # per record, the groups whose channels it holds and where (found once: a plan search asks many times)
+        self._sel = {key: [(int(g), gid == g) for g in np.unique(gid[gid >= 0]).tolist()]
+                     for key, (gid, _) in self._pos.items()}
+        self._touching: dict[str, dict[int, list[int]]] = {"macs": {}, "params": {}}  # group -> entries it scales
+        for what, entries in (("macs", self._modules), ("params", self._params)):
+            for i, (_, keys) in enumerate(entries):
+                for g in {g for k in keys for g, _ in self._sel[k]}:
+                    self._touching[what].setdefault(g, []).append(i)
 
     def _frac(self, key, keep: dict[int, np.ndarray]) -> float:
         gid, ch = self._pos[key]
         if len(gid) == 0:
             return 1.0
         kept = np.ones(len(gid), dtype=bool)
-        for g in np.unique(gid[gid >= 0]).tolist():
+        for g, sel in self._sel[key]:
             if g in keep:
-                sel = gid == g
                 kept[sel] = keep[g][ch[sel]]
         return float(kept.mean())
 
@@ -86,6 +93,25 @@ class CostModel:
     def params(self, keep: dict[int, np.ndarray]) -> float:
         scaled = sum(n * math.prod(self._frac(k, keep) for k in keys) for n, keys in self._params)
         return self.params_total - self._params_scaled + scaled
+
+    def change(self, keep: dict[int, np.ndarray], update: dict[int, np.ndarray], what: str = "macs") -> float:
+        """How much the MACs (``what="macs"``) or parameters change when the groups in ``update`` keep those masks
+        instead of ``keep``'s: only the layers and tensors those groups reach are recounted."""
+        entries = self._modules if what == "macs" else self._params
+        after = {**keep, **update}
+        idx = sorted({i for g in update for i in self._touching[what].get(g, ())})
+        return sum(entries[i][0] * (math.prod(self._frac(k, after) for k in entries[i][1])
+                                    - math.prod(self._frac(k, keep) for k in entries[i][1])) for i in idx)
+
+    def coupled(self) -> dict[int, set[int]]:
+        """Group id -> the groups whose channels meet it in one module or parameter (their costs multiply there,
+        so one's width changes what cutting the other saves); every group is coupled with itself."""
+        out: dict[int, set[int]] = {}
+        for keys in [roles for _, roles in self._modules] + [keys for _, keys in self._params]:
+            gids = {int(g) for k in keys for g in np.unique(self._pos[k][0]).tolist() if g >= 0}
+            for g in gids:
+                out.setdefault(g, set()).update(gids)
+        return out
 
 
 

@@ -26,6 +26,7 @@ from prunefx.plan.config import PlanConfig
 from prunefx.plan.cost import CostModel
 from prunefx.plan.latency import LatencyModel, LatencyOutcome, meet_latency
 from prunefx.plan.plan import PruningPlan
+from prunefx.plan.sensitivity import SensitivityCurves
 from prunefx.plan.solve import make_plan
 
 BUDGET_S = 15.0  # seconds of timed forwards per model per latency measurement (fewer repeats for slow models)
@@ -44,13 +45,15 @@ def plan_for_latency(
     cache: str | os.PathLike[str] | None = "default",
     cost: CostModel | None = None,
     owned_constants: frozenset[str] = frozenset(),
+    sensitivity: SensitivityCurves | None = None,
 ) -> tuple[PruningPlan, LatencyOutcome | None, LatencyModel]:
     """The plan for ``config`` on ``deployment``'s measured latency, how a latency target was met, and the model.
 
     ``apply`` is ``prunefx.apply_plan`` (passed in: the transform sits above the plan); it prunes the copies
     that are measured, never ``model``. ``capture`` is how those copies are analysed, as ``dg`` was.
     ``deployment`` defaults to torch on the CPU; ``cache`` is the latency table's folder
-    (:mod:`prunefx.metrics.latency_table`). The outcome is None without a latency target.
+    (:mod:`prunefx.metrics.latency_table`). The outcome is None without a latency target. ``sensitivity``: the
+    measured curves ``scope="sensitivity"`` plans on (each plan's widths from them, costed by the latency model).
     """
     dep = (deployment or Deployment()).resolve(example_inputs)
     pristine = copy.deepcopy(model)  # timed as it is now, and the source of every measured copy
@@ -60,7 +63,8 @@ def plan_for_latency(
 
     def plan_for(fraction: float) -> PruningPlan:
         cfg = replace(config, latency=fraction) if kind == "latency" else config
-        return make_plan(dg, scores, cfg, cost=cost, latency=lat, owned_constants=owned_constants)
+        return make_plan(dg, scores, cfg, cost=cost, latency=lat, owned_constants=owned_constants,
+                         sensitivity=sensitivity)
 
     def measure(candidate: PruningPlan) -> tuple[float, str | None]:
         work = copy.deepcopy(pristine)

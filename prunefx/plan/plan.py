@@ -25,6 +25,12 @@ class GroupPlan:
     keep: tuple[int, ...]
     why: str
     label: str = ""  # the group's name in tables (first producing layer and channels): "layer1.0.conv1 out[0:64]"
+    # the mean |raw score| of the group's channels, whatever PlanConfig.normalize was: one measure, so plans made
+    # with different modes compare; None in plans saved before it was recorded
+    score_scale: float | None = None
+
+
+SCALE_SPREAD = 10.0  # a global plan over raw scores whose groups' scales differ more than this says so
 
 
 @dataclass(frozen=True)
@@ -61,7 +67,7 @@ class PruningPlan:
             target=dict(d["target"]),
             groups=tuple(
                 GroupPlan(group=g["group"], before=g["before"], after=g["after"], keep=tuple(g["keep"]), why=g["why"],
-                          label=g.get("label", ""))
+                          label=g.get("label", ""), score_scale=g.get("score_scale"))
                 for g in d["groups"]
             ),
             skipped=tuple((int(a), str(b)) for a, b in d.get("skipped", ())),
@@ -77,8 +83,22 @@ class PruningPlan:
     def pruned(self) -> tuple[GroupPlan, ...]:
         return tuple(g for g in self.groups if g.after < g.before)
 
+    def score_spread(self) -> float | None:
+        """Largest over smallest positive ``score_scale`` among the planned groups; None when none is known."""
+        scales = [g.score_scale for g in self.groups if g.score_scale is not None and g.score_scale > 0]
+        return max(scales) / min(scales) if scales else None
+
+    def score_scale_note(self) -> str | None:
+        """Says so when one global threshold over raw scores spans groups whose scales differ > ``SCALE_SPREAD``x."""
+        spread = self.score_spread()
+        # A normalised plan (target "normalize") or a local one ranks each group on its own scale already.
+        if self.target.get("scope") != "global" or "normalize" in self.target or not spread or spread <= SCALE_SPREAD:
+            return None
+        return f"score scales differ {spread:.0f}x across groups; normalize='mean' ranks them comparably"
+
     def summary(self) -> str:
-        """One line: groups pruned, channels before -> after, criterion, estimated MACs (``table()``: per group)."""
+        """One line: groups pruned, channels before -> after, criterion, estimated MACs (``table()``: per group),
+        and ``score_scale_note()`` when it has one."""
         before = sum(g.before for g in self.groups)
         after = sum(g.after for g in self.groups)
         est = ""
@@ -89,6 +109,9 @@ class PruningPlan:
             opaque = ", ".join(o["path"] or "<root>" for o in parts["opaque"])
             est += (f"; partial capture: only parts {', '.join(p['path'] for p in parts['parts'])} pruned, "
                     f"forwards of {opaque} opaque ({parts['opaque_params_share']:.1%} of the parameters)")
+        note = self.score_scale_note()
+        if note:
+            est += f"; {note}"
         return (
             f"{self.model}: {len(self.pruned)}/{len(self.groups)} groups pruned, channels {before} -> {after} "
             f"({1 - after / max(before, 1):.1%} removed) by {self.criterion}{est}"

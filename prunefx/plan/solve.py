@@ -19,8 +19,9 @@ from prunefx.analysis.roles import Kind
 from prunefx.importance import Scores
 from prunefx.plan.config import PlanConfig, PlanError
 from prunefx.plan.cost import CostModel
-from prunefx.plan.latency import LatencyModel, latency_widths
+from prunefx.plan.latency import LatencyModel, latency_widths, lowest_width
 from prunefx.plan.plan import GroupPlan, PruningPlan
+from prunefx.plan.sensitivity import SensitivityCurves, allocate, candidate_widths
 
 
 def _eligible(
@@ -107,6 +108,33 @@ def _counts(dg, scores, eligible, cfg, knob: float, ties, latency: LatencyModel 
     return counts
 
 
+_ROUND_OFF = 1e-12  # a standard deviation below this fraction of a group's largest |score| is round-off, not spread
+
+
+def _normalized(scores: Mapping[int, np.ndarray], eligible: list[int], mode: str) -> Mapping[int, np.ndarray]:
+    """Each eligible group's scores on a common scale (``PlanConfig.normalize``); the order inside a group is kept.
+
+    "mean" / "max" / "sum" divide by the group's mean / max / sum of |score|; "standard" subtracts the group's
+    mean and divides by its standard deviation. A degenerate scale (all-zero scores; for "standard", all-equal
+    ones) counts as 1, so the scores are never divided by zero: all-zero stay 0 and all-equal ones become 0, the
+    normalised mean, and the global ranking breaks such ties by position as it does for raw ones.
+    """
+    if mode == "none":
+        return scores
+    out = {}
+    for g in eligible:
+        s = np.asarray(scores[g], dtype=np.float64)
+        if mode == "standard":
+            top = float(np.abs(s).max()) if len(s) else 0.0
+            s = s - s.mean()
+            scale = float(s.std())
+            scale = scale if scale > _ROUND_OFF * top else 0.0
+        else:
+            scale = float({"mean": np.mean, "max": np.max, "sum": np.sum}[mode](np.abs(s)))
+        out[g] = s / (scale if math.isfinite(scale) and scale > 0 else 1.0)
+    return out
+
+
 def _global_ranks(dg, scores: dict[int, np.ndarray], eligible: list[int]) -> dict[int, np.ndarray]:
     """Replace scores by their rank in one global order (ties broken by relative position in the group)."""
     if not eligible:
@@ -140,6 +168,7 @@ def make_plan(
     cost: CostModel | None = None,
     latency: LatencyModel | None = None,
     owned_constants: frozenset[str] = frozenset(),
+    sensitivity: SensitivityCurves | None = None,
 ) -> PruningPlan:
     """Choose kept channels for every eligible group so the target in ``cfg`` is met.
 
@@ -151,6 +180,8 @@ def make_plan(
     decides which channels), with local scope the per-layer ratio is bisected against the predicted latency.
     ``owned_constants``: names of modules whose fixers rewrite the literal channel counts in their forward
     (``prunefx.transform.owned_modules(model)``); their groups need no ``graph_rewrite``.
+    ``sensitivity``: measured damage curves (``prunefx.sensitivity.measure``), required by ``scope="sensitivity"``,
+    which gives each group the width of least total measured damage (:mod:`prunefx.plan.sensitivity`).
     """
     if isinstance(scores, Scores):
         criterion = criterion or scores.criterion
@@ -169,12 +200,17 @@ def make_plan(
             "a latency target and round_to='auto' need measured latencies: pass latency=LatencyModel(...), "
             "or call prunefx.prune, which measures them on its deployment"
         )
+    if cfg.scope == "sensitivity" and sensitivity is None:
+        raise PlanError("scope='sensitivity' needs measured curves: call prunefx.prune(..., calibration=[...]) or "
+                        "prunefx.sensitivity.measure(...) and pass make_plan(..., sensitivity=curves)")
 
-    raw = scores
+    raw = scores  # the criterion's own values: each group's score_scale is measured on them
+    # What one global threshold compares: each group's scores on a common scale (PlanConfig.normalize).
+    ranked = _normalized(raw, eligible, cfg.normalize) if cfg.scope == "global" else raw
     if cfg.scope == "global":
         # One global ranking; equal scores (fresh BatchNorms all have gamma 1) are broken by relative
         # position inside the group, so ties are pruned evenly across groups instead of group by group.
-        scores = _global_ranks(dg, scores, eligible)
+        scores = _global_ranks(dg, ranked, eligible)
 
     def masks_for(knob: float) -> dict[int, np.ndarray]:
         return {g: _keep(scores[g], n) for g, n in _counts(dg, scores, eligible, cfg, knob, ties, latency).items()}
@@ -198,23 +234,30 @@ def make_plan(
         widths = latency_widths(latency, dg, {g: scores[g] + 1.0 for g in eligible}, eligible, goal, ties)
         masks = {g: _keep(scores[g], n) for g, n in widths.items()}
         knob = 0.0
+    elif cfg.scope == "sensitivity":  # widths from the measured curves, channels by score
+        masks, whys = _by_sensitivity(dg, raw, eligible, cfg, ties, sensitivity, measure_fn, cost, latency)
+        knob = 0.0
     elif kind == "ratio" and cfg.scope == "local":
         knob = goal  # per-layer ratio: each group loses exactly this fraction (or its override)
     else:  # the removed fraction grows with the knob; kept MACs / params / latency shrink
         knob = _bisect(measure_fn, masks_for, goal, kind == "ratio", _knobs(cfg.scope, scores, eligible))
-    if not planned:
+    if not planned and cfg.scope != "sensitivity":
         masks = masks_for(knob)
 
     groups = []
-    raw_sorted = np.sort(np.concatenate([np.asarray(raw[g], dtype=np.float64) for g in eligible])) if eligible else None
+    ranked_sorted = (np.sort(np.concatenate([np.asarray(ranked[g], dtype=np.float64) for g in eligible]))
+                     if eligible else None)
     for gid in eligible:
         m = masks[gid]
         c = dg.groups[gid].channels
         if planned:
             n = int(m.sum())
             why = f"latency: width {n} of {c} (measured candidates {_grid_text(latency.grids.get(gid))})"
+        elif cfg.scope == "sensitivity":
+            why = whys[gid]
         elif cfg.scope == "global":
-            why = _global_why(np.asarray(raw[gid], dtype=np.float64), scores[gid] <= knob, raw_sorted, knob)
+            why = _global_why(np.asarray(ranked[gid], dtype=np.float64), scores[gid] <= knob, ranked_sorted, knob,
+                              cfg.normalize)
             n_raw = int((scores[gid] > knob).sum())
             if int(m.sum()) != n_raw:
                 why += f"; kept {int(m.sum())} instead of {n_raw} (min_channels / max_ratio / round_to / a tie)"
@@ -222,11 +265,14 @@ def make_plan(
             why = f"ratio {(_override(dg, gid, cfg) or knob):.3f}"
         keep = tuple(np.flatnonzero(m).tolist())
         after = int(m.sum())
-        groups.append(GroupPlan(group=gid, before=c, after=after, keep=keep, why=why, label=dg.groups[gid].label))
+        groups.append(GroupPlan(group=gid, before=c, after=after, keep=keep, why=why, label=dg.groups[gid].label,
+                                score_scale=float(np.mean(np.abs(np.asarray(raw[gid], dtype=np.float64))))))
     target = {kind: goal}
     target.update(scope=cfg.scope, round_to=cfg.round_to, min_channels=cfg.min_channels, max_ratio=cfg.max_ratio)
     if cfg.uniform_layers:
         target.update(uniform_layers=True)
+    if cfg.normalize != "none":
+        target["normalize"] = cfg.normalize  # only then: plans made before normalisation read the same
     if cfg.graph_rewrite:
         target["graph_rewrite"] = True  # prunefx.load re-applies the plan with the graph rewritten again
     estimate = {}
@@ -246,19 +292,80 @@ def make_plan(
     )
 
 
+def _by_sensitivity(dg, raw, eligible, cfg, ties, curves, measure_fn, cost, latency):
+    """Masks and reasons of a sensitivity plan: widths by :func:`prunefx.plan.sensitivity.allocate`, on the
+    target's quantity (kept channels / MACs / params, or the latency model's prediction)."""
+    kind, goal = cfg.target
+    memo: dict[tuple[int, int], np.ndarray] = {}
+
+    def masks(widths):
+        for g, n in widths.items():
+            if (g, n) not in memo:
+                memo[g, n] = _keep(np.asarray(raw[g]), n)
+        return {g: memo[g, n] for g, n in widths.items()}
+
+    def remaining(widths) -> float:  # what the cut brings down to the goal: kept fraction of the target's quantity
+        v = measure_fn(masks(widths))
+        return 1.0 - v if kind == "ratio" else v
+
+    coupled: dict[int, set[int]] = {}  # groups whose cost changes with another's width: they share a layer
+    if kind in ("flops", "params"):
+        coupled = cost.coupled()
+    elif kind == "latency":
+        for layer in latency.layers:
+            for g in layer.groups:
+                coupled.setdefault(g, set()).update(layer.groups)
+    total = sum(dg.groups[g].channels for g in eligible)
+
+    def saving(widths, unit, w) -> float:  # what one move saves, counted on the layers it reaches only
+        if kind == "ratio":
+            return sum(widths[g] - w for g in unit) / max(total, 1)
+        if kind == "latency":
+            return -latency.layer_delta({**latency.full_widths(), **widths}, unit, w) / latency.base_ms
+        moved = masks(dict.fromkeys(unit, w))
+        if kind == "flops":
+            return -cost.change(masks(widths), moved, "macs") / cost.macs_total
+        return -cost.change(masks(widths), moved, "params") / cost.params_total
+
+    grids = None
+    if kind == "latency":  # the latency model only knows the widths it measured
+        grids = {g: latency.grids[g].tolist() for g in eligible if g in latency.grids}
+    elif cfg.round_to == "auto":  # each candidate at the fast edge of its latency step
+        grids = {g: sorted({latency.fast_width(g, w) for w in candidate_widths(
+            dg.groups[g].channels, lowest_width(dg.groups[g].channels, cfg))}) for g in eligible}
+    fixed = {}
+    for g in eligible:
+        r = _override(dg, g, cfg)
+        if r is not None:
+            c = dg.groups[g].channels
+            fixed[g] = max(lowest_width(c, cfg), c - int(math.floor(r * c + 1e-9)))
+    widths = allocate(dg, curves, eligible, cfg, ties, remaining, 1.0 - goal if kind == "ratio" else goal,
+                      coupled=coupled, grids=grids, fixed=fixed, target=f"the target {kind}={goal:g}", saving=saving)
+    whys = {}
+    for g, n in widths.items():
+        c = dg.groups[g].channels
+        d = curves.get(g).at(n)
+        whys[g] = f"sensitivity: width {n} of {c} (measured damage {d:.3g} at this width)"
+        if g in fixed:
+            whys[g] += "; width set by an override"
+    return masks(widths), whys
+
+
 def _grid_text(grid: np.ndarray | None) -> str:
     if grid is None or not len(grid):
         return "none"
     return ",".join(map(str, grid.tolist())) if len(grid) <= 6 else f"{grid[0]},{grid[1]},...,{grid[-1]}"
 
 
-def _global_why(raw: np.ndarray, below: np.ndarray, raw_sorted: np.ndarray, knob: float) -> str:
-    """Why a group loses what it loses under one global threshold: its scores against that threshold."""
-    stats = f"its scores: min {raw.min():.3g}, median {np.median(raw):.3g}, max {raw.max():.3g}"
+def _global_why(values: np.ndarray, below: np.ndarray, ranked_sorted: np.ndarray, knob: float, normalize: str) -> str:
+    """Why a group loses what it loses under one global threshold: its (normalised) scores against that threshold."""
+    which = "its scores" if normalize == "none" else f"its scores normalised by {normalize}"
+    stats = f"{which}: min {values.min():.3g}, median {np.median(values):.3g}, max {values.max():.3g}"
     if knob < 0:
         return f"no channel is below the global threshold ({stats})"
-    threshold = raw_sorted[min(int(knob), len(raw_sorted) - 1)]
-    return f"{int(below.sum())} of {len(raw)} channels score at or below the global threshold {threshold:.3g} ({stats})"
+    threshold = ranked_sorted[min(int(knob), len(ranked_sorted) - 1)]
+    n = len(values)
+    return f"{int(below.sum())} of {n} channels score at or below the global threshold {threshold:.3g} ({stats})"
 
 
 def _knobs(scope: str, scores: Mapping[int, np.ndarray], eligible: list[int]) -> np.ndarray:

@@ -5,7 +5,7 @@
 """
 
 from prunefx.report.graph import GraphError, validate_graph
-from prunefx.report.render import render_markdown, render_table
+from prunefx.report.render import refit_line, render_markdown, render_table
 from prunefx.report.report import SCHEMA, ReportError, Stage, SweepPoint, build_report, load_report, validate_report
 from prunefx.report.report_html import load_graph, report_html, write_graph
 from prunefx.report.write import write_report, write_report_html
@@ -24,6 +24,7 @@ __all__ = [
     "write_graph",
     "write_report_html",
     "load_report",
+    "refit_line",
     "render_markdown",
     "render_table",
     "validate_graph",

@@ -6,18 +6,36 @@ and leaves the process's global backend and figure registry alone.
 
 from __future__ import annotations
 
+import importlib.util
 import io
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
+from prunefx._extras import install_hint, require
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 _MAX_STAGES = 30  # bars in the per-stage panel; deeper module prefixes are merged until this many remain
 
 
+def available() -> bool:
+    """Whether matplotlib is installed (the ``plots`` extra); without it a report has no PNG plots."""
+    try:
+        return importlib.util.find_spec("matplotlib") is not None
+    except (ValueError, ImportError):  # removed from sys.modules, or a finder that refuses it
+        return False
+
+
+MISSING = f"plots not drawn: matplotlib is not installed ({install_hint('matplotlib')})"
+
+
+def _figure(**kwargs: Any) -> Figure:
+    return require("matplotlib.figure", "a report's plots").Figure(**kwargs)
+
+
 def _png(fig: Figure) -> bytes:
-    FigureCanvasAgg(fig)
+    require("matplotlib.backends.backend_agg", "a report's plots").FigureCanvasAgg(fig)
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
     return buffer.getvalue()
@@ -53,7 +71,7 @@ def widths_png(widths: Sequence[Mapping[str, Any]], title: str = "") -> bytes:
         totals[s][1] += w["after"]
         totals[s][2] += 1
     rows = len(order)
-    fig = Figure(figsize=(10, 3.2 + 0.32 * rows + 0.8))
+    fig = _figure(figsize=(10, 3.2 + 0.32 * rows + 0.8))
     top, bottom = fig.subplots(2, 1, height_ratios=[3.2, 0.32 * rows + 0.8])
 
     colours = ["tab:blue", "tab:orange"]
@@ -90,6 +108,34 @@ def widths_png(widths: Sequence[Mapping[str, Any]], title: str = "") -> bytes:
     return _png(fig)
 
 
+_LABELLED = 10  # sensitivity curves named in the legend: the most damaging ones
+
+
+def sensitivity_png(curves: Mapping[str, Any], title: str = "") -> bytes:
+    """Measured damage against kept fraction, one line per group (``SensitivityCurves.to_dict()``; keep 1 is
+    damage 0); the ``_LABELLED`` groups with the most damage at their deepest measured cut are named."""
+    rows = [c for c in curves["curves"] if c["keep"]]
+    worst = sorted(rows, key=lambda c: -c["damage"][-1] * max(len(c["tied"]), 1))[:_LABELLED]
+    fig = _figure(figsize=(8, 5))
+    ax = fig.add_subplot()
+    for c in rows:
+        pts = sorted(zip([*c["keep"], 1.0], [*c["damage"], 0.0], strict=True))
+        named = c in worst
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3, alpha=0.9 if named else 0.35,
+                linewidth=1.4 if named else 0.8, label=c["label"] or f"group {c['group']}" if named else None)
+    metric = "loss increase" if curves.get("metric") == "loss_increase" else "relative output error"
+    ax.set_xlabel("kept fraction of the group's channels")
+    ax.set_ylabel(f"measured damage ({metric})")
+    ax.set_xlim(0, 1.02)
+    ax.grid(alpha=0.3)
+    ax.set_title((title + "\n" if title else "") + f"sensitivity: each group cut alone ({len(rows)} groups)",
+                 fontsize=11)
+    if worst:
+        ax.legend(fontsize=7, title=f"most damaging {len(worst)}", title_fontsize=8)
+    fig.tight_layout()
+    return _png(fig)
+
+
 def shared_metrics(sweep: Sequence[Mapping[str, Any]]) -> list[str]:
     """Metric names every sweep point has, in the first point's order."""
     if not sweep:
@@ -109,7 +155,7 @@ def accuracy_vs_flops_png(sweep: Sequence[Mapping[str, Any]], baseline: Mapping[
     The unpruned ``baseline`` stage, when given and carrying the metric, is drawn as a star.
     """
     points = sorted(sweep, key=lambda p: p["flops"])
-    fig = Figure(figsize=(7, 4.5))
+    fig = _figure(figsize=(7, 4.5))
     ax = fig.add_subplot()
     for metric in shared_metrics(sweep):
         xs = [p["flops"] / 1e9 for p in points]

@@ -118,6 +118,8 @@ def render_markdown(report: Mapping[str, Any], plots: Sequence[str] = ()) -> str
     lines += _md_table(["stage", *_COST_COLUMNS, *metrics], [[name, *_row(s, metrics)] for name, s in stages.items()])
     lines += ["", "Costs show the relative change vs baseline in parentheses, metrics the absolute change.", ""]
     lines += _timing_line(report.get("timing"))
+    refit = report["settings"].get("refit") if isinstance(report["settings"], Mapping) else None
+    lines += [refit_line(refit), ""] if isinstance(refit, Mapping) else []
     lines += _changes_section(stages) + _widths_section(report["widths"]) + _sweep_section(report["sweep"])
     lines += [f"![{name.removesuffix('.png')}]({name})" for name in plots] + ([""] if plots else [])
     lines += ["## Conventions", "", *(f"- **{k}**: {v}" for k, v in report["conventions"].items())]
@@ -145,6 +147,16 @@ def controls_table(report: Mapping[str, Any]) -> tuple[list[str], list[list[str]
     rows = [[r["name"], r["what"], str(r["epochs"]), f"{r['flops'] / 1e9:.4g}", f"{r['params'] / 1e6:.4g}",
              *(f"{r['metrics'][k]:.4g}" if k in r["metrics"] else "-" for k in metrics)] for r in controls["runs"]]
     return ["control", "what", "epochs", "GFLOPs", "params (M)", *metrics], rows
+
+
+def refit_line(refit: Mapping[str, Any]) -> str:
+    """One sentence on the re-fit after the cut: calibration error before and after, layers, data."""
+    layers, skipped = refit.get("layers", ()), refit.get("skipped", ())
+    applied = sum(1 for x in layers if x.get("applied"))
+    data = f" ({refit['calibration']})" if refit.get("calibration") else ""
+    return (f"Re-fit after the cut on {refit.get('batches')} calibration batch(es){data}: relative output error "
+            f"{refit.get('before', 0.0):.4g} -> {refit.get('after', 0.0):.4g} over {len(layers)} layer(s), "
+            f"{applied} re-fitted, {len(skipped)} skipped.")
 
 
 def _timing_line(timing: Mapping[str, Any] | None) -> list[str]:

@@ -16,7 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from prunefx._io import atomic_write
-from prunefx.report.plots import accuracy_vs_flops_png, plottable_metric, widths_png
+from prunefx.report.plots import (
+    MISSING,
+    accuracy_vs_flops_png,
+    available,
+    plottable_metric,
+    sensitivity_png,
+    widths_png,
+)
 from prunefx.report.render import render_markdown
 from prunefx.report.report import JSON_NAME, validate_report
 from prunefx.report.report_html import load_graph, report_html
@@ -26,21 +33,27 @@ def write_report(run_dir: str | os.PathLike[str], report: dict[str, Any]) -> lis
     """Validate ``report`` and write report.json, report.md, report.html and its PNG plots into ``run_dir``.
 
     Returns the written paths. ``widths.png`` needs widths; ``accuracy_vs_flops.png`` needs a sweep
-    of at least two points with a shared metric.
+    of at least two points with a shared metric; ``sensitivity.png`` the measured curves of a sensitivity plan
+    (``settings["sensitivity"]``).
     """
     validate_report(report)
     out = Path(run_dir)
     out.mkdir(parents=True, exist_ok=True)
     files = {JSON_NAME: (json.dumps(report, indent=2, allow_nan=False) + "\n").encode()}
-    if report["widths"]:
+    drawn = available()
+    if report["widths"] and drawn:
         target = (report.get("settings") or {}).get("target")
         if isinstance(target, Mapping):
             target = ", ".join(f"{k} {v}" for k, v in target.items())
         title = f"{report['model']}" + (f", target: {target}" if target else "")
         files["widths.png"] = widths_png(report["widths"], title)
-    if plottable_metric(report["sweep"]) is not None:
+    curves = (report.get("settings") or {}).get("sensitivity")
+    if isinstance(curves, Mapping) and curves.get("curves") and drawn:  # scope "sensitivity": what it planned on
+        files["sensitivity.png"] = sensitivity_png(curves, report["model"])
+    if plottable_metric(report["sweep"]) is not None and drawn:
         files["accuracy_vs_flops.png"] = accuracy_vs_flops_png(report["sweep"], report["stages"]["baseline"])
-    files["report.md"] = render_markdown(report, plots=[n for n in files if n.endswith(".png")]).encode()
+    markdown = render_markdown(report, plots=[n for n in files if n.endswith(".png")])
+    files["report.md"] = (markdown if drawn else f"{markdown.rstrip()}\n\n{MISSING}\n").encode()
     files["report.html"] = report_html(report, load_graph(out)).encode()  # the graph from graph.json, when there
     for name, data in files.items():
         atomic_write(out / name, data)

@@ -58,6 +58,11 @@ class SpecBackend:
     def score_kwargs(self, criterion: str) -> dict[str, Any]:
         return {}
 
+    calibration_source = "the example input only: a SPEC comes with no data"
+
+    def calibration(self, batches: int) -> list[Any]:
+        return [self.loaded.example_inputs]  # a SPEC comes with no data: its example input is the one batch
+
     def from_checkpoint(self) -> nn.Module:
         return self.loaded.model
 

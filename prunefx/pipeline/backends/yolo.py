@@ -310,6 +310,13 @@ class YoloBackend:
     def score_kwargs(self, criterion: str) -> dict[str, Any]:
         return {}
 
+    calibration_source = "none: the YOLO pipeline has no calibration batches yet"
+
+    def calibration(self, batches: int) -> list[Any]:
+        raise ConfigError("prune.refit is not available in the YOLO pipeline yet (it does not read calibration "
+                          "images from the dataset); leave prune.refit off, or prune the trained checkpoint with "
+                          "prunefx.prune(model, x, refit=True, calibration=[images, ...])")
+
     def from_checkpoint(self) -> nn.Module:
         from prunefx.integrations.ultralytics.io import load_yolo
 

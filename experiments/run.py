@@ -82,6 +82,7 @@ def _optional(name: str, what: str) -> None:
 
 _optional("classify_slimming", "classification pipeline: BN-scale at 2x / 4x fewer MACs, 3 seeds")
 _optional("slimming", "network slimming with controls (random, L1, scratch, uniform) and Torch-Pruning")
+_optional("trained_plans", "trained CNNs at 2x / 4x: raw / normalised / local / sensitivity, re-fit, vs TP, 3 seeds")
 
 
 QUICK_OUT = Path(__file__).parent / "results" / "quick"

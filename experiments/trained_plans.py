@@ -1,0 +1,297 @@
+"""Plans on trained models: top-1 right after the cut and after one short fine-tune, 2x / 4x fewer MACs, 3 seeds.
+
+    python -m experiments.trained_plans [--quick] [--out experiments/results]
+
+Two reference CNNs (a ResNet-style net with residual adds and a MobileNetV2-style net with depthwise inverted
+residuals) are trained here on scikit-learn's digits (16x16, 80/20 split by seed) to a plateau (SGD, cosine, 40
+epochs; train loss flat over the last epochs) and cached under ``.cache/experiments/trained_plans/`` keyed by
+model, seed, epochs and ``VERSION``. Each is cut to keep 1/2 and 1/4 of its MACs by prunefx (bn_scale scores:
+raw global threshold, per-group normalised global, local uniform, measured sensitivity; each with and without
+re-fit) and by Torch-Pruning 1.6.1 when it is importable (BNScalePruner and MagnitudePruner, global with its
+mean normalisation and local, the pruning ratio bisected to the same MACs). Kept MACs are counted independently
+(torch.utils.flop_counter). Every cut is evaluated on the held-out split before any training and after the same
+3-epoch fine-tune; the control is prunefx's raw-global architecture re-initialised and trained from scratch with
+the baseline's recipe.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib.util
+import math
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+import prunefx
+from experiments import _table as table
+
+VERSION = 1  # bump when a model, the data or the recipe changes: cached weights are keyed by it
+CACHE = table.ROOT / ".cache" / "experiments" / "trained_plans"
+TARGETS = {"2x": 0.5, "4x": 0.25}
+CALIBRATION = 8  # batches of 32 training images for sensitivity and re-fit
+FIELDS = ["model", "seed", "target", "method", "refit", "macs_kept", "baseline", "cut", "finetuned", "seconds"]
+
+
+def data(seed: int) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    x = F.interpolate(torch.tensor(d.images, dtype=torch.float32).unsqueeze(1) / 16.0, size=16, mode="bilinear")
+    x = (x - x.mean()) / x.std()
+    y = torch.tensor(d.target)
+    perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
+    cut = int(0.8 * len(x))
+    return (x[perm[:cut]], y[perm[:cut]]), (x[perm[cut:]], y[perm[cut:]])
+
+
+def _cbr(i: int, o: int, k: int = 3, stride: int = 1, groups: int = 1, act: bool = True) -> nn.Sequential:
+    layers = [nn.Conv2d(i, o, k, stride, k // 2, groups=groups, bias=False), nn.BatchNorm2d(o)]
+    return nn.Sequential(*layers, nn.ReLU()) if act else nn.Sequential(*layers)
+
+
+class Basic(nn.Module):
+    """A ResNet basic block (projection shortcut when the shape changes)."""
+
+    def __init__(self, i: int, o: int, stride: int) -> None:
+        super().__init__()
+        self.a, self.b = _cbr(i, o, stride=stride), _cbr(o, o, act=False)
+        self.short = _cbr(i, o, 1, stride, act=False) if (i != o or stride != 1) else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(self.b(self.a(x)) + self.short(x))
+
+
+class Inverted(nn.Module):
+    """A MobileNetV2 inverted residual: 1x1 expand, 3x3 depthwise, 1x1 project (residual when shapes match)."""
+
+    def __init__(self, i: int, o: int, stride: int, expand: int = 4) -> None:
+        super().__init__()
+        h = i * expand
+        self.body = nn.Sequential(_cbr(i, h, 1), _cbr(h, h, stride=stride, groups=h), _cbr(h, o, 1, act=False))
+        self.residual = i == o and stride == 1
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.body(x) if self.residual else self.body(x)
+
+
+class Net(nn.Module):
+    def __init__(self, stem: int, blocks: list[nn.Module], width: int, head: int | None = None) -> None:
+        super().__init__()
+        self.stem, self.blocks = _cbr(1, stem), nn.Sequential(*blocks)
+        self.neck = _cbr(width, head, 1) if head else nn.Identity()
+        self.fc = nn.Linear(head or width, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.neck(self.blocks(self.stem(x))).mean((2, 3)))
+
+
+def resnet() -> Net:
+    return Net(32, [Basic(32, 32, 1), Basic(32, 64, 2), Basic(64, 64, 1), Basic(64, 128, 2)], 128)
+
+
+def mobilenet() -> Net:
+    return Net(32, [Inverted(32, 32, 1), Inverted(32, 48, 2), Inverted(48, 48, 1), Inverted(48, 96, 2)], 96, 192)
+
+
+MODELS = {"resnet": resnet, "mobilenet": mobilenet}
+
+
+def fit(model: nn.Module, train_set, epochs: int, lr: float, seed: int) -> list[float]:
+    """SGD with momentum and a cosine schedule; returns the mean train loss of each epoch."""
+    x, y = train_set
+    g = torch.Generator().manual_seed(seed)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=5e-4)
+    steps = epochs * math.ceil(len(x) / 64)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s / steps, 1.0))))
+    losses = []
+    for _ in range(epochs):
+        model.train()
+        total = 0.0
+        for idx in torch.randperm(len(x), generator=g).split(64):
+            loss = F.cross_entropy(model(x[idx]), y[idx])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+            total += loss.item() * len(idx)
+        losses.append(total / len(x))
+    model.eval()
+    return losses
+
+
+def baseline(name: str, seed: int, epochs: int, train_set, cache: Path = CACHE) -> nn.Module:
+    """The trained reference model, from the cache when it holds it."""
+    path = cache / f"{name}-seed{seed}-epochs{epochs}-v{VERSION}.pt"
+    torch.manual_seed(seed)
+    model = MODELS[name]()
+    if path.is_file():
+        model.load_state_dict(torch.load(path, weights_only=True))
+        return model.eval()
+    losses = fit(model, train_set, epochs, 0.05, seed)
+    print(f"{name} seed {seed}: train loss {losses[0]:.3f} -> {losses[-1]:.4f} (last 5: "
+          f"{', '.join(f'{v:.4f}' for v in losses[-5:])})", flush=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(model.state_dict(), path)
+    return model.eval()
+
+
+@torch.no_grad()
+def top1(model: nn.Module, test_set) -> float:
+    x, y = test_set
+    return (model.eval()(x).argmax(1) == y).float().mean().item()
+
+
+def macs(model: nn.Module, x: torch.Tensor) -> float:
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model.eval()(x)
+    return counter.get_total_flops() / 2
+
+
+def _prunefx(model: nn.Module, x: torch.Tensor, keep: float, method: str, refit: bool, calibration) -> None:
+    scope = {"raw": "global", "normalized": "global", "local": "local", "sensitivity": "sensitivity"}[method]
+    cfg = prunefx.PlanConfig(flops=keep, scope=scope, normalize="mean" if method == "normalized" else "none",
+                             ignore=("fc",))
+    needs = refit or scope == "sensitivity"
+    r = prunefx.prune(model, x, cfg, criterion="bn_scale", refit=refit, sensitivity_cache=None,
+                      calibration=calibration if needs else None)
+    assert r.verified is not None and r.verified.ok, r.verified
+
+
+def _torch_pruning(model: nn.Module, x: torch.Tensor, keep: float, method: str) -> nn.Module:
+    """Torch-Pruning's pruner with the pruning ratio bisected until the MACs kept match ``keep``."""
+    import torch_pruning as tp
+
+    kind, scope = method.split("_")[1:]
+    full = macs(model, x)
+
+    def cut(ratio: float) -> nn.Module:
+        m = copy.deepcopy(model)
+        imp = tp.importance.BNScaleImportance() if kind == "bn" else tp.importance.MagnitudeImportance(p=2)
+        cls = tp.pruner.BNScalePruner if kind == "bn" else tp.pruner.MagnitudePruner
+        cls(m, x, importance=imp, pruning_ratio=ratio, global_pruning=scope == "global", ignored_layers=[m.fc],
+            max_pruning_ratio=0.9).step()
+        return m
+
+    lo, hi, best = 0.0, 0.95, None
+    for _ in range(14):
+        mid = (lo + hi) / 2
+        m = cut(mid)
+        kept = macs(m, x) / full
+        if best is None or abs(kept - keep) < abs(best[0] - keep):
+            best = (kept, m)
+        lo, hi = (mid, hi) if kept > keep else (lo, mid)
+    return best[1]
+
+
+def _scratch(pruned: nn.Module, train_set, epochs: int, seed: int) -> nn.Module:
+    """The pruned architecture, re-initialised and trained with the baseline's recipe."""
+    m = copy.deepcopy(pruned)
+    torch.manual_seed(seed + 1000)
+    for mod in m.modules():
+        if hasattr(mod, "reset_parameters") and mod is not m:
+            mod.reset_parameters()
+    fit(m, train_set, epochs, 0.05, seed + 1000)
+    return m
+
+
+def main(argv: list[str] | None = None) -> Path:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="1 model, 1 seed, 2x only, 3 epochs (smoke test)")
+    ap.add_argument("--out", type=Path, default=table.RESULTS)
+    ap.add_argument("--cache", type=Path, default=CACHE, help="where trained baselines are kept")
+    args = ap.parse_args(argv)
+    seeds, epochs, ft = ((0,), 3, 1) if args.quick else ((0, 1, 2), 40, 3)
+    names = ("resnet",) if args.quick else tuple(MODELS)
+    targets = {"2x": 0.5} if args.quick else TARGETS
+    ours = [(m, r) for m in ("raw", "normalized", "local", "sensitivity") for r in (False, True)]
+    if args.quick:
+        ours = [("raw", False), ("normalized", False), ("sensitivity", True)]
+    theirs = ["tp_bn_global", "tp_bn_local", "tp_l2_global", "tp_l2_local"]
+    if args.quick or importlib.util.find_spec("torch_pruning") is None:
+        theirs = []
+    torch.set_num_threads(1)
+    rows = []
+    for name in names:
+        for seed in seeds:
+            train_set, test_set = data(seed)
+            base = baseline(name, seed, epochs, train_set, args.cache)
+            x = train_set[0][:8]
+            g = torch.Generator().manual_seed(seed)
+            calibration = [train_set[0][i] for i in torch.randperm(len(train_set[0]), generator=g)[:32 * CALIBRATION]
+                           .split(32)]
+            full, base_top1 = macs(base, x[:1]), top1(base, test_set)
+            for tname, keep in targets.items():
+                cuts = {}
+                for method, refit in [*ours, *((t, False) for t in theirs)]:
+                    m = copy.deepcopy(base)
+                    start = time.perf_counter()
+                    if method.startswith("tp_"):
+                        m = _torch_pruning(m, x, keep, method)
+                    else:
+                        _prunefx(m, x, keep, method, refit, calibration)
+                    seconds = time.perf_counter() - start
+                    cut_top1 = top1(m, test_set)
+                    cuts[(method, refit)] = m
+                    tuned = copy.deepcopy(m)
+                    fit(tuned, train_set, ft, 0.01, seed)
+                    rows.append({"model": name, "seed": seed, "target": tname, "method": method, "refit": refit,
+                                 "macs_kept": macs(m, x[:1]) / full, "baseline": base_top1, "cut": cut_top1,
+                                 "finetuned": top1(tuned, test_set), "seconds": seconds})
+                    print(rows[-1], flush=True)
+                scratch = _scratch(cuts[("raw", False)], train_set, epochs, seed)
+                rows.append({"model": name, "seed": seed, "target": tname, "method": "scratch", "refit": False,
+                             "macs_kept": macs(scratch, x[:1]) / full, "baseline": base_top1, "cut": None,
+                             "finetuned": top1(scratch, test_set), "seconds": None})
+    stem = "trained_plans_quick" if args.quick else "trained_plans"
+    table.write_csv(rows, args.out / f"{stem}.csv", FIELDS, digits=4)
+    return _markdown(rows, args, seeds, epochs, ft, stem)
+
+
+def _cell(values: list[float]) -> str:
+    values = [v for v in values if v is not None]
+    if not values:
+        return ""
+    spread = f" ± {statistics.stdev(values):.1%}" if len(values) > 1 else ""
+    return f"{statistics.mean(values):.1%}{spread}"
+
+
+def _markdown(rows: list[dict], args, seeds, epochs: int, ft: int, stem: str) -> Path:
+    info = table.machine_info(threads=1)
+    lines = [
+        "# Plans on trained models: top-1 right after the cut and after a short fine-tune", "",
+        f"Command: `python -m experiments.trained_plans{' --quick' if args.quick else ''}`. Digits 16x16, 80/20 "
+        f"split per seed, seeds {list(seeds)}; baselines trained {epochs} epochs (SGD 0.05, cosine), fine-tune "
+        f"{ft} epochs (SGD 0.01, cosine); bn_scale scores; mean ± stdev over seeds. Torch-Pruning 1.6.1's ratio "
+        "bisected to the same MACs (counted by torch.utils.flop_counter); scratch: prunefx's raw-global "
+        "architecture trained from scratch with the baseline's recipe.", "",
+        "Machine: " + ", ".join(f"{k} {v}" for k, v in info.items()), "",
+        "| model | target | method | re-fit | MACs kept | baseline | right after the cut | after fine-tune | s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    keys = list(dict.fromkeys((r["model"], r["target"], r["method"], r["refit"]) for r in rows))
+    for model, target, method, refit in keys:
+        sel = [r for r in rows if (r["model"], r["target"], r["method"], r["refit"]) == (model, target, method, refit)]
+        secs = [r["seconds"] for r in sel if r["seconds"] is not None]
+        lines.append(
+            f"| {model} | {target} | {method} | {'yes' if refit else 'no'} | "
+            f"{statistics.mean(r['macs_kept'] for r in sel):.3f} | {_cell([r['baseline'] for r in sel])} | "
+            f"{_cell([r['cut'] for r in sel])} | {_cell([r['finetuned'] for r in sel])} | "
+            f"{statistics.median(secs):.1f} |" if secs else
+            f"| {model} | {target} | {method} | no | {statistics.mean(r['macs_kept'] for r in sel):.3f} | "
+            f"{_cell([r['baseline'] for r in sel])} | | {_cell([r['finetuned'] for r in sel])} | |"
+        )
+    path = args.out / f"{stem}.md"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,27 @@
+"""experiments/trained_plans.py --quick: every method cuts the trained model to the MACs asked, and the table has
+one row per method with the numbers of the CSV."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("sklearn")
+
+from experiments import _table as table
+from experiments import trained_plans
+
+
+def test_quick_run_cuts_every_method_to_the_target(tmp_path) -> None:
+    md = trained_plans.main(["--quick", "--out", str(tmp_path), "--cache", str(tmp_path / "cache")])
+    rows = table.read_csv(tmp_path / "trained_plans_quick.csv")
+    assert [(r["method"], r["refit"]) for r in rows] == [
+        ("raw", "False"), ("normalized", "False"), ("sensitivity", "True"), ("scratch", "False")]
+    for r in rows:
+        # MACs counted by torch's flop counter, independently of prunefx's cost model
+        assert r["macs_kept"] == pytest.approx(0.5, abs=0.03), r
+        assert 0.0 <= r["finetuned"] <= 1.0 and 0.0 <= r["baseline"] <= 1.0
+        assert r["cut"] is None if r["method"] == "scratch" else 0.0 <= r["cut"] <= 1.0
+    assert len(list((tmp_path / "cache").glob("resnet-seed0-epochs3-v*.pt"))) == 1  # the baseline was cached there
+    lines = [line for line in md.read_text().splitlines() if line.startswith("| resnet")]
+    assert len(lines) == len(rows)
+    assert f"{rows[2]['cut']:.1%}" in lines[2]

@@ -37,6 +37,7 @@ from prunefx.plan import CostModel, GroupPlan, PlanConfig, PlanError, PruningPla
 from prunefx.plan.latency import LatencyModel, LatencyOutcome
 from prunefx.plan.measured import plan_for_latency
 from prunefx.plan.sensitivity import SensitivityCurves
+from prunefx.sensitivity import calibration_batches
 from prunefx.sensitivity import measure as measure_sensitivity
 from prunefx.steps import prune_in_steps
 from prunefx.transform import Compensation, Refit, apply_plan, check_calibration, compensate, owned_modules
@@ -127,6 +128,8 @@ def prune(
     as fixed cost, so a target below it is not reachable), verified end to end on the whole model.
     ``PruneResult.parts`` and the plan's summary say which parts and what stayed opaque.
     """
+    if isinstance(calibration, torch.Tensor):  # one batch (list() would split it into samples)
+        calibration = [calibration]
     calibration = None if calibration is None else list(calibration)  # read once: scored, then re-fitted on
     if steps != 1 or not isinstance(steps, int) or isinstance(steps, bool):
         passed = dict(locals())  # every argument, whatever prune() grows, goes to each cut unchanged
@@ -181,23 +184,9 @@ def prune(
 
 
 def _calibration_inputs(calibration: Iterable[Any]) -> list[tuple]:
-    """Each calibration batch's positional model inputs, by the rule :func:`prunefx.importance.score` reads them.
-
-    A 2-tuple is ``(inputs, targets)`` (criterion "taylor"'s pairs): its inputs are the first element. Inputs are a
-    tensor (the model's one input) or a list (or other tuple) of positional inputs: a model of two inputs passes
-    each batch as ``[x1, x2]`` (a 2-tuple would be read as inputs and targets).
-    """
-    out = []
-    for i, item in enumerate(calibration):
-        inputs = item[0] if isinstance(item, tuple) and len(item) == 2 else item
-        if isinstance(inputs, torch.Tensor):
-            out.append((inputs,))
-        elif isinstance(inputs, (list, tuple)):
-            out.append(tuple(inputs))
-        else:
-            raise PrunefxError(f"calibration batch {i} is a {type(inputs).__name__}; pass batches of model inputs "
-                               "(a tensor, or a list of positional inputs) or (inputs, targets) pairs")
-    return out
+    """Each calibration batch's positional model inputs, by the rule of
+    :func:`prunefx.sensitivity.calibration_batches` (a 2-tuple is ``(inputs, targets)``)."""
+    return [inputs for inputs, _ in calibration_batches(calibration)]
 
 
 def _refit_inputs(model: nn.Module, calibration: list | None, bias_compensation: bool | None) -> list[tuple]:

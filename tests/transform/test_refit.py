@@ -283,6 +283,18 @@ def test_prune_with_refit_verifies_and_is_closer_to_the_original_on_held_out_inp
     assert errs[True] < 0.8 * errs[False]
 
 
+@pytest.mark.filterwarnings("ignore::prunefx.errors.TiedScoresWarning")
+def test_one_calibration_tensor_is_one_batch():
+    """calibration=x (a tensor, not a list of batches) is read as one batch, not split into its samples."""
+    net = _small_cnn()
+    x = torch.randn(16, 3, 12, 12, generator=torch.Generator().manual_seed(2))
+    result = prunefx.prune(net, x[:1], {"ratio": 0.5}, criterion="l1", refit=True, calibration=x)
+    assert result.refit is not None and result.refit.batches == 1
+    # the convs see 16 images x 144 positions; fc sees 16 rows, fewer than its unknowns
+    assert [layer.name for layer in result.refit.layers] == ["convs.1", "convs.2"]
+    assert [name for name, _ in result.refit.skipped] == ["fc"]
+
+
 def test_refit_without_calibration_is_refused_before_any_work():
     net = _small_cnn()
     before = copy.deepcopy(net.state_dict())

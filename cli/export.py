@@ -13,7 +13,7 @@ from prunefx.cli._console import new_console
 from prunefx.errors import PrunefxError
 
 if TYPE_CHECKING:
-    from prunefx.export import Exported
+    from prunefx.onnx_export import Exported
 
 
 class Format(str, Enum):
@@ -66,7 +66,7 @@ def export(
 
 
 def _yolo(model, target: Path, imgsz: int, opset: int | None, dynamic: bool, trust: bool = False) -> "Exported":
-    from prunefx.integrations.ultralytics.export import export_yolo
+    from prunefx.integrations.ultralytics.yolo_export import export_yolo
 
     return export_yolo(model, target, imgsz=imgsz, opset=opset, dynamic_batch=dynamic, trust_checkpoint=trust)
 
@@ -78,7 +78,7 @@ def _export_run(
     import torch
 
     import prunefx
-    from prunefx.export import export_onnx
+    from prunefx.onnx_export import export_onnx
     from prunefx.pipeline.classify_model import is_classifier_spec
     from prunefx.spec import load_spec
 

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from prunefx.export import Exported
+    from prunefx.onnx_export import Exported
     from prunefx.plan import PruningPlan
 
 
@@ -68,9 +68,9 @@ class TorchFamily:
 
     def export_onnx(self, model: nn.Module, example_inputs: Sequence[torch.Tensor], path: str | os.PathLike[str], *,
                     opset: int | None = None, dynamic_batch: bool = False) -> Exported:
-        """:func:`prunefx.export.export_onnx` at ``opset`` (default ONNX_OPSET)."""
+        """:func:`prunefx.onnx_export.export_onnx` at ``opset`` (default ONNX_OPSET)."""
         from prunefx._defaults import ONNX_OPSET
-        from prunefx.export import export_onnx
+        from prunefx.onnx_export import export_onnx
 
         return export_onnx(model, tuple(example_inputs), path, opset=opset or ONNX_OPSET, dynamic_batch=dynamic_batch)
 

@@ -40,7 +40,7 @@ from prunefx._extras import require
 from prunefx.errors import PrunefxError, SpecError, UntrustedFileError
 from prunefx.family import TORCH, ModelFamily, get_family
 
-Kind = Literal["torchvision", "ultralytics", "factory", "checkpoint"]
+SpecForm = Literal["torchvision", "ultralytics", "factory", "checkpoint"]
 
 YOLO_STRIDE = 32  # YOLO feature maps are concatenated across strides up to 32 (64 for -p6 models)
 # Heads that need text embeddings (open vocabulary) besides the image, which load_spec does not build.
@@ -55,7 +55,7 @@ class LoadedModel:
     model: nn.Module
     example_inputs: tuple[torch.Tensor, ...]  # one (1, C, H, W) image batch
     name: str  # the SPEC it was loaded from
-    kind: Kind  # the SPEC's form, for display (flops --json); what to do with the model asks ``family``
+    kind: SpecForm  # the SPEC's form, for display (flops --json); what to do with the model asks ``family``
     family: ModelFamily
 
 
@@ -80,7 +80,7 @@ def load_spec(
     family = TORCH
     if colon and prefix == "torchvision":
         model, size, channels = _torchvision(rest, imgsz)
-        kind: Kind = "torchvision"
+        kind: SpecForm = "torchvision"
     elif colon and prefix == "ultralytics":
         model, size, channels = _ultralytics_yaml(rest, imgsz, trust_checkpoint)
         kind, family = "ultralytics", get_family("ultralytics")

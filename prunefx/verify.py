@@ -44,9 +44,9 @@ from prunefx.analysis.finite import first_non_finite
 from prunefx.analysis.graph import DependencyGraph
 from prunefx.analysis.labels import Lab
 from prunefx.analysis.outputs import default_free_outputs, output_leaves
-from prunefx.capture.export import export_graph
 from prunefx.capture.record import Capture
 from prunefx.capture.semantics import DISCRETE, EvalInterpreter
+from prunefx.capture.torch_export import export_graph
 from prunefx.capture.trace import module_state_kept, trace, training_mode
 from prunefx.plan import PlanError, PruningPlan, validate_plan
 

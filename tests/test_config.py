@@ -11,7 +11,7 @@ import yaml
 
 from prunefx._config import ConfigError, check_fields, from_dict, to_dict
 from prunefx.pipeline.backends.classify import Processes
-from prunefx.pipeline.config import PruneSpec, RunOptions
+from prunefx.pipeline.run_config import PruneSpec, RunOptions
 from prunefx.plan import PlanConfig, PlanError
 from prunefx.train import SparsityConfig, TrainConfig, TrainError
 

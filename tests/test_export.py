@@ -12,7 +12,7 @@ import torchvision
 from _nets import randomize_bn
 
 import prunefx
-from prunefx.export import ExportError, export_onnx
+from prunefx.onnx_export import ExportError, export_onnx
 
 
 def _ort(path, *inputs: torch.Tensor) -> list[np.ndarray]:
@@ -62,8 +62,8 @@ def test_pruned_vit_b16_export_equals_pytorch(tmp_path) -> None:
 def test_pruned_yolov8n_export_with_ultralytics_equals_pytorch(tmp_path) -> None:
     from ultralytics.nn.tasks import DetectionModel
 
-    from prunefx.integrations.ultralytics.export import export_yolo
     from prunefx.integrations.ultralytics.io import load_yolo
+    from prunefx.integrations.ultralytics.yolo_export import export_yolo
 
     model = randomize_bn(DetectionModel("yolov8n.yaml", nc=4, verbose=False)).eval()
     prunefx.prune(model, torch.zeros(1, 3, 64, 64), prunefx.PlanConfig(flops=0.5), criterion="l1")

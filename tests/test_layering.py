@@ -27,18 +27,18 @@ ALLOWED: dict[str, set[str]] = {
     # measured sensitivity: prunes copies of the model (transform) to measure the damage curves a plan reads
     "sensitivity": {"analysis", "capture", "importance", "plan", "transform"},
     "api": {"analysis", "importance", "metrics", "plan", "transform", "verify", "steps", "sensitivity"},
-    "export": {"capture", "metrics", "passes"},  # ONNX files checked with ONNX Runtime
+    "onnx_export": {"capture", "metrics", "passes"},  # ONNX files checked with ONNX Runtime
     "report": {"metrics", "view"},  # report.html draws a run's graph.json with the view's page
     "data": set(),
     "train": {"analysis", "data"},
     "zoo": set(),
-    "family": {"checkpoint", "export", "plan"},  # how a model's library saves, exports and costs it
-    "integrations": CORE | {"metrics", "train", "data", "report", "view", "integrations", "export", "family"},
+    "family": {"checkpoint", "onnx_export", "plan"},  # how a model's library saves, exports and costs it
+    "integrations": CORE | {"metrics", "train", "data", "report", "view", "integrations", "onnx_export", "family"},
     "spec": CORE | {"integrations", "metrics", "family"},
     "pipeline": CORE
     | {"metrics", "report", "view", "train", "data", "integrations", "spec", "zoo", "family", "__init__"},
     "cli": CORE
-    | {"metrics", "report", "view", "train", "data", "integrations", "spec", "zoo", "pipeline", "export", "family",
+    | {"metrics", "report", "view", "train", "data", "integrations", "spec", "zoo", "pipeline", "onnx_export", "family",
        "__init__"},
     "__init__": CORE | {"integrations"},
 }

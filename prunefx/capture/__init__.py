@@ -1,9 +1,9 @@
 """Capture: a model as a GraphModule (torch.fx symbolic trace, or torch.export's ATen graph), and a value (meta
 tensor) for every node."""
 
-from prunefx.capture.export import export_graph, prefers_export, register_export
 from prunefx.capture.record import META_KEY, Capture, CapturedBy, CaptureInfo, capture_info, set_capture_info
 from prunefx.capture.select import CAPTURES, capture_graph
+from prunefx.capture.torch_export import export_graph, prefers_export, register_export
 from prunefx.capture.trace import (
     PrunefxTracer,
     register_leaf,

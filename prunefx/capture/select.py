@@ -9,8 +9,8 @@ from typing import Any, get_args
 import torch.fx as fx
 from torch import nn
 
-from prunefx.capture.export import export_graph, prefers_export
 from prunefx.capture.record import Capture, capture_info, set_capture_info
+from prunefx.capture.torch_export import export_graph, prefers_export
 from prunefx.capture.trace import trace
 from prunefx.errors import PrunefxError, TraceFailure
 

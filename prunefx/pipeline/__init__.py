@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from prunefx._extras import require
-from prunefx.pipeline.config import ConfigError, PruneSpec, apply_overrides, load_config
+from prunefx.pipeline.run_config import ConfigError, PruneSpec, apply_overrides, load_config
 from prunefx.pipeline.rundir import RunDir
 
 

@@ -26,7 +26,7 @@ from prunefx._io import atomic_torch_save, load_torch_file
 from prunefx.checkpoint import FORMAT as PRUNED_FORMAT
 from prunefx.errors import SpecError, UntrustedFileError
 from prunefx.family import TORCH
-from prunefx.pipeline.config import ConfigError
+from prunefx.pipeline.run_config import ConfigError
 from prunefx.spec import call_factory, config_family, resolve_factory
 
 WEIGHTS_FORMAT = "prunefx.weights/1"

@@ -33,7 +33,7 @@ from typing import Any
 
 from prunefx._config import load_yaml
 from prunefx._io import atomic_write, storage_error
-from prunefx.pipeline.config import RUN_KEYS, ConfigError, dump_config
+from prunefx.pipeline.run_config import RUN_KEYS, ConfigError, dump_config
 
 STATE = "state.json"
 CONFIG = "config.yaml"

@@ -32,7 +32,6 @@ from prunefx._io import atomic_write
 from prunefx.analysis import DependencyGraph
 from prunefx.errors import PrunefxError, ScoreScaleWarning, TiedScoresWarning
 from prunefx.metrics import Deployment
-from prunefx.pipeline.config import PruneSpec, RunOptions, StageSpec
 from prunefx.pipeline.diagnose import score_warnings, sparsity_warnings
 from prunefx.pipeline.records import (
     BaselineDone,
@@ -53,6 +52,7 @@ from prunefx.pipeline.records import (
     to_state,
     warnings_of,
 )
+from prunefx.pipeline.run_config import PruneSpec, RunOptions, StageSpec
 from prunefx.pipeline.rundir import RunDir
 from prunefx.plan import PlanConfig, PruningPlan
 from prunefx.plan.config import TARGETS
@@ -65,8 +65,8 @@ CALIBRATION_BATCHES = 8  # batches of the backend's data a re-fit (prune.refit) 
 # training runs in every rank, the rest in rank 0
 _EVERY_RANK = frozenset({"baseline", "sparsity", "finetune", "controls"})
 
-# narrow / narrow_ft / scratch: the controls (see prunefx.pipeline.config.CONTROLS); *_init their untrained start
-Role = Literal["baseline", "sparse", "pruned", "finetuned", "narrow", "narrow_ft", "scratch", "narrow_init",
+# narrow / narrow_ft / scratch: the controls (see prunefx.pipeline.run_config.CONTROLS); *_init their untrained start
+ModelRole = Literal["baseline", "sparse", "pruned", "finetuned", "narrow", "narrow_ft", "scratch", "narrow_init",
                "scratch_init"]
 # init: the baseline's initialisation (seeded), not trained; any other: the saved model of that role
 Start = Literal["init", "baseline", "pruned", "narrow_init", "scratch_init"]
@@ -118,16 +118,16 @@ class Backend(Protocol):
     def fresh(self) -> nn.Module:
         """An untrained model of the architecture, initialised (seeded) as its family initialises it (controls)."""
 
-    def train(self, out: Role, start: Start, stage: StageSpec, sparsity: SparsityConfig | None) -> Trained:
+    def train(self, out: ModelRole, start: Start, stage: StageSpec, sparsity: SparsityConfig | None) -> Trained:
         """Train from ``start`` for ``stage.epochs`` and save the result as ``out`` (rank 0 writes)."""
 
-    def load(self, role: Role) -> nn.Module:
+    def load(self, role: ModelRole) -> nn.Module:
         """The saved model of ``role`` (pruned shapes included)."""
 
-    def save(self, model: nn.Module, role: Role, plan: Any = None) -> None:
+    def save(self, model: nn.Module, role: ModelRole, plan: Any = None) -> None:
         """Write ``model`` as ``role`` (rank 0 only); pruned models carry their plan."""
 
-    def evaluate(self, role: Role, model: nn.Module, *, alone: bool = False) -> dict[str, float]:
+    def evaluate(self, role: ModelRole, model: nn.Module, *, alone: bool = False) -> dict[str, float]:
         """Task metrics of ``model`` (saved as ``role``); ``alone``: only rank 0 runs this stage."""
 
     def extra_costs(self, model: nn.Module) -> dict[str, float]:
@@ -326,7 +326,7 @@ def _prune(ctx: _Ctx) -> PruneDone:
     from prunefx.view.graph_data import graph_data
 
     spec, b = ctx.job.prune, ctx.backend
-    source: Role = "sparse" if ctx.ran("sparsity") else "baseline"
+    source: ModelRole = "sparse" if ctx.ran("sparsity") else "baseline"
     model = b.load(source).eval()
     kwargs = b.score_kwargs(spec.criterion)
     if spec.refit or spec.plan.scope == "sensitivity":  # taylor's labelled batches serve these too: passed once
@@ -392,10 +392,10 @@ def _finetune(ctx: _Ctx) -> TrainDone | Skipped:
                      metrics=b.evaluate("finetuned", trained.model))
 
 
-def control_runs(spec: PruneSpec, baseline_epochs: int) -> list[tuple[Role, Start, int]]:
+def control_runs(spec: PruneSpec, baseline_epochs: int) -> list[tuple[ModelRole, Start, int]]:
     """The control trainings of ``spec``: (role, start, epochs); total = baseline + sparsity + fine-tune epochs."""
     total = baseline_epochs + spec.sparsity.epochs + spec.finetune.epochs
-    runs: list[tuple[Role, Start, int]] = []
+    runs: list[tuple[ModelRole, Start, int]] = []
     if "narrow" in spec.controls:
         runs.append(("narrow", "narrow_init", total))
         if spec.finetune.epochs:
@@ -519,7 +519,7 @@ def _report(ctx: _Ctx) -> ReportDone:
 
     spec, b, run = ctx.job.prune, ctx.backend, ctx.run
     x = b.example_inputs()
-    roles: dict[str, tuple[Role, str]] = {"baseline": ("baseline", "baseline"), "pruned": ("pruned", "prune")}
+    roles: dict[str, tuple[ModelRole, str]] = {"baseline": ("baseline", "baseline"), "pruned": ("pruned", "prune")}
     if ctx.ran("finetune"):
         roles["finetuned"] = ("finetuned", "finetune")
     models = {name: b.load(role).cpu().eval() for name, (role, _) in roles.items()}

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from prunefx.cli.main import app
-from prunefx.pipeline.config import PruneSpec
+from prunefx.pipeline.run_config import PruneSpec
 from prunefx.plan import PruningPlan
 from prunefx.plan.sensitivity import SensitivityCurves
 from prunefx.report import plots

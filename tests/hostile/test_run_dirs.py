@@ -117,7 +117,7 @@ def test_prune_spec_replaces_its_own_run(sandbox: Sandbox) -> None:
 
 def _started_run(box: Sandbox, config: list[str], name: str = "r") -> Path:
     """A run as the CLI would have left it after being interrupted: config.yaml, state.json, status failed."""
-    from prunefx.pipeline.config import load_config
+    from prunefx.pipeline.run_config import load_config
 
     raw = load_config(config[1], [*config[2:], f"name={name}"])
     run = RunDir.open(box.project, name, raw)
@@ -216,8 +216,8 @@ def test_ctrl_c_as_a_stage_starts_records_interrupted(tmp_path: Path, monkeypatc
     from types import SimpleNamespace
 
     from prunefx.pipeline import runner
-    from prunefx.pipeline.config import PruneSpec, RunOptions
     from prunefx.pipeline.records import BaselineDone
+    from prunefx.pipeline.run_config import PruneSpec, RunOptions
     from prunefx.train.distributed import LOCAL
 
     def baseline(ctx):

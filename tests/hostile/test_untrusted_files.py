@@ -18,7 +18,7 @@ from prunefx.errors import PrunefxError, TrustWarning, UntrustedFileError
 from prunefx.integrations.ultralytics.io import load_yolo, save_yolo, ultralytics_loading
 from prunefx.pipeline.backends.yolo import YoloJob
 from prunefx.pipeline.classify_model import read_state_dict
-from prunefx.pipeline.config import load_config
+from prunefx.pipeline.run_config import load_config
 from prunefx.pipeline.rundir import RunDir, RunLock
 from prunefx.spec import load_spec
 

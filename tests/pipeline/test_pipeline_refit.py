@@ -7,7 +7,7 @@ import pytest
 
 from prunefx._config import ConfigError
 from prunefx.pipeline import run_config
-from prunefx.pipeline.config import PruneSpec
+from prunefx.pipeline.run_config import PruneSpec
 from prunefx.pipeline.runner import CALIBRATION_BATCHES
 from prunefx.report import load_report
 

@@ -220,7 +220,7 @@ def test_an_unknown_mode_names_the_allowed_ones():
 
 
 def test_pipeline_prune_key_parses_into_the_plan():
-    from prunefx.pipeline.config import PruneSpec
+    from prunefx.pipeline.run_config import PruneSpec
 
     spec = PruneSpec.parse({"target": {"flops": 0.5}, "normalize": "mean"}, train_keys=())
     assert spec.plan.normalize == "mean"

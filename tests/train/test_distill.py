@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from prunefx._config import ConfigError
-from prunefx.pipeline.config import PruneSpec
+from prunefx.pipeline.run_config import PruneSpec
 from prunefx.train.distill import DistillConfig, classification_loss, logits_kd
 
 
@@ -58,7 +58,7 @@ def test_fit_with_a_teacher_trains_on_a_different_loss() -> None:
 def test_a_distill_weight_outside_0_1_is_refused_for_classification(tmp_path) -> None:
     from prunefx.data.classification import TensorSplit
     from prunefx.pipeline.backends.classify import ClassifyJob
-    from prunefx.pipeline.config import load_config
+    from prunefx.pipeline.run_config import load_config
     from prunefx.train import TrainConfig, fit
 
     digits = Path(__file__).resolve().parents[2] / "configs" / "digits_cnn.yaml"

@@ -10,7 +10,7 @@ imports nothing from transformers.
 
 from prunefx.integrations.transformers.api import prune, stream_patterns
 from prunefx.integrations.transformers.checkpoint import CheckpointTensors, meta_model, prune_checkpoint
-from prunefx.integrations.transformers.config import check_config, derived_config, save_pretrained
+from prunefx.integrations.transformers.pretrained import check_config, derived_config, save_pretrained
 
 __all__ = [
     "prune", "stream_patterns", "derived_config", "check_config", "save_pretrained", "CheckpointTensors",

@@ -28,7 +28,7 @@ from prunefx._io import atomic_path, atomic_write
 from prunefx.analysis.graph import DependencyGraph
 from prunefx.analysis.roles import Kind
 from prunefx.errors import PrunefxError, UntrustedFileError
-from prunefx.integrations.transformers.config import check_config, check_destination, derived_config
+from prunefx.integrations.transformers.pretrained import check_config, check_destination, derived_config
 from prunefx.plan import PruningPlan
 from prunefx.transform import apply_plan
 from prunefx.transform.keep import keep_by_root, kept_positions

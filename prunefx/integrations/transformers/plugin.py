@@ -7,7 +7,7 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.pytorch_utils import Conv1D
 
-from prunefx.capture.export import register_export
+from prunefx.capture.torch_export import register_export
 from prunefx.integrations.transformers.layouts import attention_classes, rewrite_attributes
 from prunefx.transform.fixers import register_fixer
 

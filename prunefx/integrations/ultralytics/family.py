@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from prunefx.export import Exported
+    from prunefx.onnx_export import Exported
     from prunefx.plan import PruningPlan
 
 
@@ -40,7 +40,7 @@ class UltralyticsFamily:
     def export_onnx(self, model: nn.Module, example_inputs: Sequence[torch.Tensor], path: str | os.PathLike[str], *,
                     opset: int | None = None, dynamic_batch: bool = False) -> Exported:
         """Ultralytics' own exporter at the inputs' image size; ``opset`` None lets ultralytics choose."""
-        from prunefx.integrations.ultralytics.export import export_yolo
+        from prunefx.integrations.ultralytics.yolo_export import export_yolo
 
         return export_yolo(model, path, imgsz=int(example_inputs[0].shape[-1]), opset=opset,
                            dynamic_batch=dynamic_batch)

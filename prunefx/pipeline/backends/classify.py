@@ -43,10 +43,10 @@ from prunefx.pipeline.classify_model import (
     save_weights,
     takes_in_channels,
 )
-from prunefx.pipeline.config import RUN_KEYS, ConfigError, PruneSpec, StageSpec, check_keys
 from prunefx.pipeline.records import RankTrained
+from prunefx.pipeline.run_config import RUN_KEYS, ConfigError, PruneSpec, StageSpec, check_keys
 from prunefx.pipeline.rundir import RunDir
-from prunefx.pipeline.runner import STAGES, Job, Role, Start, Trained, execute, open_run, preflight, resume_hint
+from prunefx.pipeline.runner import STAGES, Job, ModelRole, Start, Trained, execute, open_run, preflight, resume_hint
 from prunefx.train.distributed import (
     LOCAL,
     DistContext,
@@ -187,7 +187,7 @@ class ClassifyBackend:
         self.log(f"data: {data.summary()}")
         return data
 
-    def path(self, role: Role) -> Path:
+    def path(self, role: ModelRole) -> Path:
         assert self.root is not None, "the runner sets root once the run directory is open"
         if self.dist.is_main:
             (self.root / "weights").mkdir(exist_ok=True)
@@ -227,7 +227,7 @@ class ClassifyBackend:
         model.load_state_dict(self.dist.broadcast(model.state_dict() if self.dist.is_main else None))
         return model
 
-    def train(self, out: Role, start: Start, stage: StageSpec, sparsity: SparsityConfig | None) -> Trained:
+    def train(self, out: ModelRole, start: Start, stage: StageSpec, sparsity: SparsityConfig | None) -> Trained:
         plan, distill, ranks = None, None, None
         if start == "init":
             model = self.fresh()
@@ -255,7 +255,9 @@ class ClassifyBackend:
             ranks = tuple(RankTrained(rank=r, arch=d, params=n) for r, (d, n) in enumerate(gathered))
         return Trained(model, result.history, distill=distill, ranks=ranks)
 
-    def _pruned_in_every_rank(self, role: Role = "pruned") -> tuple[nn.Module, Any, list[tuple[str, tuple[int, ...]]]]:
+    def _pruned_in_every_rank(
+        self, role: ModelRole = "pruned"
+    ) -> tuple[nn.Module, Any, list[tuple[str, tuple[int, ...]]]]:
         """A pruned-shape model (``role``) in every rank: rank 0 sends its bytes, each rank re-applies its plan."""
         from prunefx import load as load_pruned
         from prunefx.plan import PruningPlan
@@ -274,14 +276,14 @@ class ClassifyBackend:
             raise DistributedError(f"ranks {bad} rebuilt a different pruned architecture than rank 0 from {path.name}")
         return model, plan, signature
 
-    def load(self, role: Role) -> nn.Module:
+    def load(self, role: ModelRole) -> nn.Module:
         if role not in _UNPRUNED:
             from prunefx import load as load_pruned
 
             return load_pruned(self.path(role), self.job.factory())
         return load_weights(self.fresh(), self.path(role), self.job.model)
 
-    def save(self, model: nn.Module, role: Role, plan: Any = None) -> None:
+    def save(self, model: nn.Module, role: ModelRole, plan: Any = None) -> None:
         if not self.dist.is_main:
             return
         if role not in _UNPRUNED:
@@ -291,7 +293,7 @@ class ClassifyBackend:
         else:
             save_weights(model, self.path(role), model_spec=self.job.model, num_classes=self.job.num_classes)
 
-    def evaluate(self, role: Role, model: nn.Module, *, alone: bool = False) -> dict[str, float]:
+    def evaluate(self, role: ModelRole, model: nn.Module, *, alone: bool = False) -> dict[str, float]:
         dist = replace(LOCAL, device=self.dist.device) if alone else self.dist
         split = getattr(self.data, self.job.eval_split)
         m = evaluate(model.to(dist.device), split, batch=self.job.train.eval_batch, dist=dist,

@@ -24,9 +24,9 @@ from torch import nn
 from prunefx._io import storage_error
 from prunefx.errors import PrunefxError
 from prunefx.metrics import Deployment
-from prunefx.pipeline.config import StageSpec
+from prunefx.pipeline.run_config import StageSpec
 from prunefx.pipeline.rundir import RunDir, install
-from prunefx.pipeline.runner import Job, Role, Start, Trained, execute, preflight
+from prunefx.pipeline.runner import Job, ModelRole, Start, Trained, execute, preflight
 from prunefx.spec import LoadedModel
 from prunefx.train.distributed import LOCAL
 from prunefx.train.sparsity import SparsityConfig
@@ -66,23 +66,23 @@ class SpecBackend:
     def from_checkpoint(self) -> nn.Module:
         return self.loaded.model
 
-    def train(self, out: Role, start: Start, stage: StageSpec, sparsity: SparsityConfig | None) -> Trained:
+    def train(self, out: ModelRole, start: Start, stage: StageSpec, sparsity: SparsityConfig | None) -> Trained:
         raise PrunefxError("prunefx prune SPEC trains nothing; give a pipeline config to train")
 
-    def load(self, role: Role) -> nn.Module:
+    def load(self, role: ModelRole) -> nn.Module:
         if role == "baseline":  # a copy: the prune stage rewrites what it loads, the report measures the original
             return copy.deepcopy(self.loaded.model)
         if self._pruned is None:
             raise PrunefxError(f"no {role} model in this one-shot run")
         return self._pruned
 
-    def save(self, model: nn.Module, role: Role, plan: Any = None) -> None:
+    def save(self, model: nn.Module, role: ModelRole, plan: Any = None) -> None:
         if role != "pruned":
             return  # the baseline is the SPEC itself: nothing to write
         self._pruned = model
         self.loaded.family.save(model, self.root / "pruned.pt", plan)
 
-    def evaluate(self, role: Role, model: nn.Module, *, alone: bool = False) -> dict[str, float]:
+    def evaluate(self, role: ModelRole, model: nn.Module, *, alone: bool = False) -> dict[str, float]:
         return {}  # no data: the report compares costs
 
     def extra_costs(self, model: nn.Module) -> dict[str, float]:

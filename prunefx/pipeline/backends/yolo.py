@@ -27,9 +27,9 @@ from prunefx._config import load_yaml
 from prunefx._io import TRUST_HINT
 from prunefx.errors import PrunefxError, UntrustedFileError
 from prunefx.metrics import Deployment
-from prunefx.pipeline.config import RUN_KEYS, ConfigError, PruneSpec, RunOptions, StageSpec, check_keys
+from prunefx.pipeline.run_config import RUN_KEYS, ConfigError, PruneSpec, RunOptions, StageSpec, check_keys
 from prunefx.pipeline.rundir import RunDir
-from prunefx.pipeline.runner import STAGES, Job, Role, Start, Trained, execute, open_run, preflight
+from prunefx.pipeline.runner import STAGES, Job, ModelRole, Start, Trained, execute, open_run, preflight
 from prunefx.train.distributed import LOCAL
 from prunefx.train.sparsity import SparsityConfig
 
@@ -290,7 +290,7 @@ class YoloBackend:
         self.primary_metric = "top1" if job.task == "classify" else "map50_95"
         self.data = resolve_data(job, log)
 
-    def path(self, role: Role) -> Path:
+    def path(self, role: ModelRole) -> Path:
         assert self.root is not None, "the runner sets root once the run directory is open"
         if self.dist.is_main:
             (self.root / "weights").mkdir(exist_ok=True)
@@ -332,7 +332,7 @@ class YoloBackend:
         fresh.names, fresh.args = baseline.names, getattr(baseline, "args", {})
         return fresh
 
-    def train(self, out: Role, start: Start, stage: StageSpec, sparsity: SparsityConfig | None) -> Trained:
+    def train(self, out: ModelRole, start: Start, stage: StageSpec, sparsity: SparsityConfig | None) -> Trained:
         from prunefx.integrations.ultralytics.io import load_yolo
         from prunefx.integrations.ultralytics.train import TrainHooks, param_count, train_yolo
 
@@ -360,17 +360,17 @@ class YoloBackend:
         return Trained(trained, hooks.log if hooks is not None else (),
                        distill={"teacher": "baseline", **asdict(stage.distill_config)} if distill else None)
 
-    def load(self, role: Role) -> nn.Module:
+    def load(self, role: ModelRole) -> nn.Module:
         from prunefx.integrations.ultralytics.io import load_yolo
 
         return load_yolo(self.path(role), trust_checkpoint=self.job.trust)
 
-    def save(self, model: nn.Module, role: Role, plan: Any = None) -> None:
+    def save(self, model: nn.Module, role: ModelRole, plan: Any = None) -> None:
         from prunefx.integrations.ultralytics.io import save_yolo
 
         save_yolo(model, self.path(role), plan=plan, train_args=dict(getattr(model, "args", {}) or {}))
 
-    def evaluate(self, role: Role, model: nn.Module, *, alone: bool = False) -> dict[str, float]:
+    def evaluate(self, role: ModelRole, model: nn.Module, *, alone: bool = False) -> dict[str, float]:
         return evaluate_yolo(self.path(role), self.data, self.job.train, self.root / "val", role, log=self.log)
 
     def extra_costs(self, model: nn.Module) -> dict[str, float]:

@@ -16,9 +16,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from prunefx.export import Exported, ExportError, rel_error
 from prunefx.metrics.backends import Deployment, check_available, ort_session
 from prunefx.metrics.common import MetricsError
+from prunefx.onnx_export import Exported, ExportError, rel_error
 
 
 def export_yolo(

@@ -8,7 +8,7 @@ folded into the convolutions first (``prunefx.passes.fold_bn``; a model that can
 is), then run by ONNX Runtime (CPU) on the example inputs (and, with a dynamic batch, on a batch of another
 size) and compared with PyTorch's outputs: a relative error above ``rtol`` is an :class:`ExportError` and no
 file is left behind. Ultralytics models keep ultralytics' own exporter
-(``prunefx.integrations.ultralytics.export``).
+(``prunefx.integrations.ultralytics.yolo_export``).
 """
 
 from __future__ import annotations

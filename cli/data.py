@@ -8,6 +8,7 @@ import typer
 from prunefx.errors import PrunefxError
 
 
+# Option help is rich markup: a backslash before "[" keeps "[default: ...]" from being read as a tag and dropped.
 def shapes(
     out: Annotated[
         Path,
@@ -15,9 +16,9 @@ def shapes(
             metavar="DIR", help="Directory to create (reused if it holds the same dataset).", file_okay=False
         ),
     ],
-    n_train: Annotated[int | None, typer.Option(min=1, help="Training images [default: 384; --hard 1200].")] = None,
-    n_val: Annotated[int | None, typer.Option(min=1, help="Validation images [default: 96; --hard 300].")] = None,
-    imgsz: Annotated[int | None, typer.Option(min=32, help="Image side in pixels [default: 128; --hard 160].")] = None,
+    n_train: Annotated[int | None, typer.Option(min=1, help="Training images \\[default: 384; --hard 1200].")] = None,
+    n_val: Annotated[int | None, typer.Option(min=1, help="Validation images \\[default: 96; --hard 300].")] = None,
+    imgsz: Annotated[int | None, typer.Option(min=32, help="Image side in px \\[default: 128; --hard 160].")] = None,
     seed: Annotated[int, typer.Option(help="Same seed, same bytes.")] = 0,
     hard: Annotated[bool, typer.Option("--hard", help="The hard set: 20 classes, small, occluded objects, clutter "
                                         "and decoys (defaults: 1200 train, 300 val, 160 px).")] = False,

@@ -31,7 +31,7 @@ _PUBLIC = {
     "save": "prunefx.checkpoint", "load": "prunefx.checkpoint",
     "PrunefxError": "prunefx.errors", "VerificationError": "prunefx.errors", "ScoreScaleWarning": "prunefx.errors",
 }  # fmt: skip
-__all__ = [  # in pipeline order, as the README introduces them
+__all__ = [  # in pipeline order, as docs/api.md introduces them
     "trace", "register_leaf", "analyze", "DependencyGraph", "Group", "Member", "register_rule",
     "score", "Scores", "register_criterion", "make_plan", "PlanConfig", "PlanError", "PruningPlan", "CostModel",
     "apply_plan", "register_fixer", "verify", "VerifyResult", "prune", "PruneResult", "save", "load", "PrunefxError",

@@ -1,11 +1,13 @@
 """Files prunefx writes and reads: atomic writes (a reader never sees a half-written file, a crash keeps the previous
-version) and weights-only unpickling of files users hand us (full unpickling runs whatever code the file holds)."""
+version), JSON read back with errors that say what to do, and weights-only unpickling of files users hand us (full
+unpickling runs whatever code the file holds)."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
 import io
+import json
 import os
 import pickle
 import re
@@ -68,6 +70,18 @@ def _atomic_write(path: Path, data: bytes) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def read_json(path: str | os.PathLike[str], error: type[Exception], *, missing: str, what: str, fix: str) -> Any:
+    """The JSON value in ``path``; ``error(missing)`` without the file, ``error("<path> <what> (<why>); <fix>")``
+    when it is not JSON (a half-written or damaged file, or one that is not text)."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise error(missing) from None
+    except ValueError as exc:  # JSONDecodeError, and UnicodeDecodeError for bytes that are not text
+        raise error(f"{path} {what} ({exc}); {fix}") from exc
 
 
 def _usual_mode(path: str | os.PathLike[str]) -> None:

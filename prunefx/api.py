@@ -282,6 +282,13 @@ class _Trial:
         self.runs += 1
         try:
             work, gm = copy.deepcopy((self.model, dg.gm))  # one memo: the copied graph shares the copied modules
+        except Exception as exc:  # not a failed plan: no plan can be checked on a model that cannot be copied
+            raise PrunefxError(
+                f"{dg.model_name}: the check prunes a copy of the model, and it cannot be copied "
+                f"({type(exc).__name__}: {str(exc).splitlines()[0][:160]}); {_copy_fix(self.model)} "
+                "The model was not changed."
+            ) from exc
+        try:
             work_dg = replace(dg, gm=gm)
             if self.bias:
                 compensate(work, work_dg, plan, self.inputs)
@@ -299,6 +306,17 @@ class _Trial:
         got = pruned.state_dict()
         if want.keys() != got.keys() or any(not torch.equal(want[k], got[k]) for k in want):
             raise VerificationError("internal error: the pruned model differs from the verified copy")
+
+
+def _copy_fix(model: nn.Module) -> str:
+    """How to make ``model`` copyable, for the error when copy.deepcopy refuses it."""
+    from torch.nn.utils.weight_norm import WeightNorm
+
+    old = [n for n, m in model.named_modules() if any(isinstance(h, WeightNorm) for h in m._forward_pre_hooks.values())]
+    if old:
+        return (f"module {old[0]!r} uses the deprecated torch.nn.utils.weight_norm (a hook deepcopy refuses): "
+                "apply torch.nn.utils.parametrizations.weight_norm instead, which prunefx prunes.")
+    return "make it copyable (copy.deepcopy(model) must work) or pass check=False to skip the check."
 
 
 def _ok(result: VerifyResult | Exception) -> bool:

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
+from torch.nn.utils import parametrize
 
 from prunefx.analysis.groups import Group, Member
 from prunefx.analysis.roles import CHANNEL, IN, Kind
@@ -96,6 +97,11 @@ class ScoreContext:
         p = self._cache["params"].get(name)
         if p is not None and self.weights is not None:
             return self.weights[name]  # read on demand: slice_norms keeps the norms, not the tensor
+        if p is None:  # a parametrized weight (weight_norm): scored as the tensor its parametrization computes
+            owner, _, attr = name.rpartition(".")
+            module = self.model.get_submodule(owner)
+            if parametrize.is_parametrized(module, attr):
+                return getattr(module, attr)
         return p
 
     def slice_norms(self, name: str, dim: int, p: Literal[1, 2]) -> np.ndarray:

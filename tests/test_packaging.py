@@ -79,6 +79,15 @@ def test_the_sdist_holds_every_source_file_and_the_assets(built: dict[str, Path]
     assert {"pyproject.toml", "setup.py", "README.md"} <= names
 
 
+def test_the_wheel_describes_itself_with_the_readme(built: dict[str, Path]) -> None:
+    """The long description is README.md, the docs' front door (its links into docs/ are relative)."""
+    with zipfile.ZipFile(built["wheel"]) as whl:
+        (metadata,) = [n for n in whl.namelist() if n.endswith(".dist-info/METADATA")]
+        text = whl.read(metadata).decode()
+    assert "Description-Content-Type: text/markdown" in text
+    assert (ROOT / "README.md").read_text().strip() in text
+
+
 _OUTSIDE = """
 import json, sys
 import prunefx, prunefx.report, prunefx.cli.main

@@ -24,6 +24,7 @@ from torch import nn
 from prunefx.analysis.atoms import AtomTable
 from prunefx.analysis.labels import Lab, ScalarRef, SizeRef, size_sources
 from prunefx.analysis.outputs import drop_keys
+from prunefx.analysis.parametrized import parametrization_problem
 from prunefx.analysis.products import Product, resolve
 from prunefx.analysis.roles import Kind, Literal, ModuleRole, ParamDim, RecordKey, Role
 from prunefx.analysis.rules._registry import RULES, OpRegistry
@@ -220,6 +221,10 @@ class Ctx:
 
     def param(self, qualname: str, dim: int, atoms: np.ndarray) -> None:
         """Record that dim ``dim`` of parameter/buffer ``qualname`` is indexed by these channels."""
+        owner, _, attr = qualname.rpartition(".")
+        problem = parametrization_problem(self.engine.modules.get(owner), attr)
+        if problem is not None:  # the rewrite could not slice it and keep what it computes
+            self.freeze(atoms, f"{qualname}: {problem}")
         self._record(Kind.PARAM, qualname, ParamDim(dim), atoms)
 
     def inside(self, qualname: str, dim: int, atoms: np.ndarray) -> None:

@@ -104,6 +104,41 @@ def _leaf_functions_recorded() -> Iterator[None]:
             setattr(mod, name, fn)
 
 
+_FUNCTION_APPLY = torch.autograd.Function.__dict__["apply"]  # the classmethod every custom autograd.Function calls
+
+
+@contextmanager
+def _autograd_functions_recorded() -> Iterator[None]:
+    """A custom ``torch.autograd.Function`` applied to a traced value becomes one call_function node (the analysis
+    freezes it as an op without a rule): handed an fx Proxy, its native ``apply`` crashes the interpreter."""
+    applies: dict[type, Any] = {}
+
+    def apply(cls, *args, **kwargs):
+        proxy = next((a for a in tree_flatten((args, kwargs))[0] if isinstance(a, fx.Proxy)), None)
+        if proxy is None:
+            return _FUNCTION_APPLY.__get__(None, cls)(*args, **kwargs)
+        if cls not in applies:
+            applies[cls] = _applied(cls)
+        return proxy.tracer.create_proxy("call_function", applies[cls], args, kwargs)
+
+    torch.autograd.Function.apply = classmethod(apply)
+    try:
+        yield
+    finally:
+        torch.autograd.Function.apply = _FUNCTION_APPLY
+
+
+def _applied(cls: type) -> Any:
+    """``cls.apply`` as a plain function named after the class (a graph's target, run after tracing too)."""
+
+    def fn(*args, **kwargs):
+        return _FUNCTION_APPLY.__get__(None, cls)(*args, **kwargs)
+
+    fn.__name__ = fn.__qualname__ = f"{cls.__qualname__.replace('.', '_')}_apply"
+    fn.__module__ = cls.__module__
+    return fn
+
+
 def _arity(node: fx.Node) -> int | None:
     """Number of outputs of chunk/split/unbind-like nodes when it is known statically."""
     name = node.target if node.op == "call_method" else getattr(node.target, "__name__", None)
@@ -544,7 +579,7 @@ def trace(
     num_inputs = None if example_inputs is None else len(example_inputs)
     auto: dict[str, str] = {}
     with training_mode(model, training), module_state_kept(model), _factories_take_proxy_sizes(), \
-            _leaf_functions_recorded():
+            _leaf_functions_recorded(), _autograd_functions_recorded():
         while True:
             tracer = PrunefxTracer(num_inputs, [*leaves, *auto], example_inputs or ())
             try:

@@ -53,15 +53,34 @@ def make_shapes_dataset(
     unknown = [c for c in classes if c not in SHAPE_COLORS]
     if unknown or not classes or len(set(classes)) != len(classes):
         raise ValueError(f"classes must be distinct names from {sorted(SHAPE_COLORS)}, got {list(classes)}")
+    params = dataset_params(GENERATOR_VERSION, n_train, n_val, imgsz, seed, classes, objects_per_image, size_range,
+                            max_size=0.9, min_imgsz=32)
+    return write_yolo_dataset(root, params, None)
+
+
+def dataset_params(
+    version: int,
+    n_train: int,
+    n_val: int,
+    imgsz: int,
+    seed: int,
+    classes: Sequence[str],
+    objects_per_image: tuple[int, int],
+    size_range: tuple[float, float],
+    *,
+    max_size: float,
+    min_imgsz: int,
+) -> dict[str, Any]:
+    """The checked parameters every generated detection set records in its manifest (what decides reuse)."""
     lo, hi = objects_per_image
     if not 1 <= lo <= hi:
         raise ValueError(f"objects_per_image must satisfy 1 <= min <= max, got {objects_per_image}")
-    if not 0 < size_range[0] <= size_range[1] <= 0.9:
-        raise ValueError(f"size_range must satisfy 0 < min <= max <= 0.9, got {size_range}")
-    if n_train < 1 or n_val < 1 or imgsz < 32:
-        raise ValueError("need n_train >= 1, n_val >= 1 and imgsz >= 32")
-    params = {
-        "version": GENERATOR_VERSION,
+    if not 0 < size_range[0] <= size_range[1] <= max_size:
+        raise ValueError(f"size_range must satisfy 0 < min <= max <= {max_size:g}, got {size_range}")
+    if n_train < 1 or n_val < 1 or imgsz < min_imgsz:
+        raise ValueError(f"need n_train >= 1, n_val >= 1 and imgsz >= {min_imgsz}")
+    return {
+        "version": version,
         "n_train": n_train,
         "n_val": n_val,
         "imgsz": imgsz,
@@ -70,7 +89,6 @@ def make_shapes_dataset(
         "objects_per_image": [lo, hi],
         "size_range": [float(size_range[0]), float(size_range[1])],
     }
-    return write_yolo_dataset(root, params, None)
 
 
 def write_yolo_dataset(

@@ -19,7 +19,7 @@ from typing import Any
 import cv2
 import numpy as np
 
-from prunefx.data.detection import Label, write_yolo_dataset
+from prunefx.data.detection import Label, dataset_params, write_yolo_dataset
 
 SHAPES: tuple[str, ...] = ("circle", "triangle", "square", "pentagon", "hexagon", "star", "cross", "arrow",
                            "crescent", "lshape")
@@ -41,27 +41,11 @@ def make_hard_shapes_dataset(
     decoys_per_image: tuple[int, int] = (2, 6),
 ) -> Path:
     """Create (or reuse) the hard shapes set at ``root`` and return the path of its ``data.yaml``."""
-    lo, hi = objects_per_image
-    if not 1 <= lo <= hi:
-        raise ValueError(f"objects_per_image must satisfy 1 <= min <= max, got {objects_per_image}")
-    if not 0 < size_range[0] <= size_range[1] <= 0.6:
-        raise ValueError(f"size_range must satisfy 0 < min <= max <= 0.6, got {size_range}")
     if not 0 <= decoys_per_image[0] <= decoys_per_image[1]:
         raise ValueError(f"decoys_per_image must satisfy 0 <= min <= max, got {decoys_per_image}")
-    if n_train < 1 or n_val < 1 or imgsz < 64:
-        raise ValueError("need n_train >= 1, n_val >= 1 and imgsz >= 64")
-    params = {
-        "kind": "hard",
-        "version": HARD_VERSION,
-        "n_train": n_train,
-        "n_val": n_val,
-        "imgsz": imgsz,
-        "seed": seed,
-        "classes": list(HARD_CLASSES),
-        "objects_per_image": [lo, hi],
-        "size_range": [float(size_range[0]), float(size_range[1])],
-        "decoys_per_image": list(decoys_per_image),
-    }
+    checked = dataset_params(HARD_VERSION, n_train, n_val, imgsz, seed, HARD_CLASSES, objects_per_image, size_range,
+                             max_size=0.6, min_imgsz=64)
+    params = {"kind": "hard", **checked, "decoys_per_image": list(decoys_per_image)}
     return write_yolo_dataset(root, params, draw_hard_image)
 
 

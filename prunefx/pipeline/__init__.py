@@ -3,7 +3,8 @@
 ``run_config`` reads the config, applies the overrides, validates everything, and runs the one stage loop
 (:mod:`prunefx.pipeline.runner`) with the backend the config's model calls for: ultralytics models (a model yaml
 or an ultralytics checkpoint) with :mod:`~prunefx.pipeline.backends.yolo`, classifiers (``torchvision:NAME``,
-``package.module:factory``) with :mod:`~prunefx.pipeline.backends.classify`.
+``package.module:factory``) with :mod:`~prunefx.pipeline.backends.classify`; the family a model resolves to picks
+its pipeline (:mod:`prunefx.pipeline.registry`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from prunefx._extras import require
 from prunefx.pipeline.run_config import ConfigError, PruneSpec, apply_overrides, load_config
 from prunefx.pipeline.rundir import RunDir
 
@@ -24,17 +24,11 @@ def run_config(path: str | os.PathLike[str], overrides: Sequence[str] = (), *,
     None in the ranks other than 0 of a torchrun launch (rank 0 holds the run).
     """
     config = load_config(path, overrides)
+    from prunefx.pipeline.registry import pipeline_for
     from prunefx.spec import config_family
 
-    family = config_family(config.get("model")).name  # the model's library decides the pipeline
-    if family == "torch":  # torchvision:NAME or package.module:factory
-        from prunefx.pipeline.backends.classify import ClassifyJob, run_classify
-
-        return run_classify(ClassifyJob.from_config(config, config_name=Path(path).stem), log=log)
-    require("ultralytics", "the YOLO pipeline")
-    from prunefx.pipeline.backends.yolo import YoloJob, run_yolo
-
-    return run_yolo(YoloJob.from_config(config, config_name=Path(path).stem), log=log)
+    run = pipeline_for(config_family(config.get("model")).name)  # the model's family decides the pipeline
+    return run(config, Path(path).stem, log)
 
 
 __all__ = ["ConfigError", "PruneSpec", "RunDir", "apply_overrides", "load_config", "run_config"]

@@ -10,6 +10,11 @@ exclusive lock on its directory (``.lock``, with the owner's pid), so a second r
 instead of merging with the first. The OS releases the lock when its process ends, however it ends: a lock file
 left by a killed run is stale and never blocks.
 
+A run never says ``running`` once its process has stopped working on it: Ctrl-C and SIGTERM (a timeout, Slurm,
+``docker stop``; turned into :class:`Terminated` while a run is open) record ``interrupted``, other errors
+``failed``, and a process that ends with its run still open (stopped between two stages) records ``interrupted``
+as it exits.
+
     run = RunDir.open(Path("runs/prune"), "yolo", config, resume=False, exist_ok=False)
     if not run.done("baseline"):
         with run.stage("baseline") as info:
@@ -19,20 +24,23 @@ left by a killed run is stale and never blocks.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
 import json
 import os
 import shutil
+import signal
 import socket
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from prunefx._config import load_yaml
-from prunefx._io import atomic_write, storage_error
+from prunefx._io import atomic_write, read_json, storage_error
 from prunefx.pipeline.run_config import RUN_KEYS, ConfigError, dump_config
 
 STATE = "state.json"
@@ -43,6 +51,22 @@ SCHEMA = "prunefx.run/1"
 
 class RunError(ConfigError):
     """A run directory cannot be created or resumed as asked."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """The run was stopped from outside its code; state.json records it as ``interrupted``, like Ctrl-C."""
+
+
+class Terminated(Interrupted):
+    """The process got SIGTERM (a timeout, Slurm, ``docker stop``) while a run was open."""
+
+    def __init__(self, signum: int = signal.SIGTERM) -> None:
+        self.signum = int(signum)
+        self.signal = signal.Signals(signum).name
+        super().__init__(f"{self.signal} received: the process was told to stop (a timeout, Slurm, docker stop)")
+
+    def __reduce__(self) -> tuple[type[Terminated], tuple[int]]:
+        return type(self), (self.signum,)  # rebuilt from the signal, not the message (__init__ takes the number)
 
 
 class RunDir:
@@ -70,8 +94,9 @@ class RunDir:
             RunLock.acquire(root)
         state = {"schema": SCHEMA, "status": "running", "created": _now(), "stages": {}, "error": None}
         run = cls(root, state)
-        atomic_write(root / CONFIG, dump_config(config).encode())
-        run._save()
+        with _OPEN.opening(run):
+            atomic_write(root / CONFIG, dump_config(config).encode())
+            run._save()
         return run
 
     @classmethod
@@ -112,7 +137,8 @@ class RunDir:
         state["status"] = "running"
         state["error"] = None
         run = cls(root, state)
-        run._save()
+        with _OPEN.opening(run):
+            run._save()
         return run
 
     def done(self, stage: str) -> dict[str, Any] | None:
@@ -126,6 +152,7 @@ class RunDir:
         info: dict[str, Any] = {}
         start = time.perf_counter()
         try:
+            _SIGTERM.hold()  # a spawned rank runs the stages of a run its parent opened: SIGTERM is recorded there too
             check_confined(self.root)  # before the stage writes: a link planted since the last check is refused
             self.state["current"] = name
             self._save()
@@ -138,18 +165,30 @@ class RunDir:
         except BaseException as exc:
             self.fail(exc, stage=name)
             raise
+        finally:
+            _SIGTERM.release()
 
     @classmethod
     def reload(cls, root: Path) -> RunDir:
         """The run at ``root`` as its ``state.json`` says now (another process may have advanced it)."""
-        return cls(Path(root), read_state(root))
+        run = cls(Path(root), read_state(root))
+        if run.state.get("status") != "running":
+            _OPEN.close(run.root)  # it ended elsewhere (spawned ranks): this process's handle on it is closed too
+        return run
 
     def fail(self, exc: BaseException, *, stage: str | None) -> None:
         """Record that the run stopped with ``exc`` in ``stage`` (e.g. a failed worker, seen by the parent)."""
         self.state["status"] = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
         self.state["error"] = {"stage": stage, "type": type(exc).__name__, "message": str(exc)[:2000]}
+        if isinstance(exc, Terminated):
+            self.state["error"]["signal"] = exc.signal
         self.state.pop("finished", None)  # set by a complete() whose save did not land
-        self._save()
+        try:
+            self._save()
+        finally:
+            # Closed only now: a second SIGTERM during the save still raises (and is recorded at exit) instead of
+            # killing the process with state.json still saying running.
+            _OPEN.close(self.root)
 
     def stopped(self, exc: BaseException, *, stage: str | None) -> None:
         """:meth:`fail`, unless state.json already records how the run ended (a stage recorded its own error)."""
@@ -164,6 +203,7 @@ class RunDir:
         self.state["status"] = "complete"
         self.state["finished"] = _now()
         self._save()
+        _OPEN.close(self.root)
         RunLock.release_root(self.root)  # whichever object of this process took it (spawned runs reload state)
 
     @property
@@ -248,12 +288,8 @@ def check_confined(root: str | os.PathLike[str]) -> None:
 def read_state(root: str | os.PathLike[str]) -> dict[str, Any]:
     """The run's ``state.json`` as a dict, or a :class:`RunError` saying what is wrong with it."""
     path = Path(root) / STATE
-    try:
-        state = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise RunError(f"{root} holds no {STATE}: it is not a prunefx run directory") from None
-    except ValueError as exc:
-        raise RunError(f"{path} is corrupt ({exc}); the run cannot be resumed or trusted: start a new run") from exc
+    state = read_json(path, RunError, missing=f"{root} holds no {STATE}: it is not a prunefx run directory",
+                      what="is corrupt", fix="the run cannot be resumed or trusted: start a new run")
     if not isinstance(state, dict) or state.get("schema") != SCHEMA or not isinstance(state.get("stages"), dict):
         raise RunError(f"{path} is not a prunefx run state (expected a mapping with schema {SCHEMA} and "
                        "stages); start a new run")
@@ -336,6 +372,100 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path)
     else:
         path.unlink()
+
+
+# ---- stopping from outside: SIGTERM, and a process that ends with its run open ------------------------------------
+
+
+class _Sigterm:
+    """While held, SIGTERM raises :class:`Terminated` in this process; the previous handler is back when released.
+
+    Re-entrant (a counter). Only the main thread may set handlers, so elsewhere holding it does nothing.
+    """
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._previous: Any = signal.SIG_DFL
+        self._pid = os.getpid()  # the process that set the handler: its forked children (data loaders) do not raise
+
+    def hold(self) -> bool:
+        """Hold it; False (nothing held) outside the main thread."""
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        if self._count == 0:
+            previous = signal.signal(signal.SIGTERM, self._raise)
+            self._previous = signal.SIG_DFL if previous is None else previous  # None: set outside Python
+            self._pid = os.getpid()
+        self._count += 1
+        return True
+
+    def release(self) -> None:
+        """Undo one :meth:`hold` of the main thread (a no-op elsewhere, as the hold was)."""
+        if threading.current_thread() is not threading.main_thread() or self._count == 0:
+            return
+        self._count -= 1
+        if self._count == 0 and signal.getsignal(signal.SIGTERM) == self._raise:  # not a handler set since
+            signal.signal(signal.SIGTERM, self._previous)
+
+    def _raise(self, signum: int, frame: Any) -> None:
+        if os.getpid() != self._pid:  # a forked child of the run's process: die of the signal, as it would have
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        _OPEN.signalled = signum
+        raise Terminated(signum)
+
+
+_SIGTERM = _Sigterm()
+
+
+class _OpenRuns:
+    """The runs this process opened and has not closed (complete, failed, or seen ended on disk), by real path.
+
+    Each holds :data:`_SIGTERM`; at exit, one still ``running`` on disk is recorded ``interrupted``, so Ctrl-C or
+    SIGTERM between opening a run and its first stage (or between stages, outside the runner) is recorded too.
+    """
+
+    def __init__(self) -> None:
+        self._runs: dict[str, tuple[Path, int, bool]] = {}  # real path -> (root, opener's pid, holds _SIGTERM)
+        self.signalled: int | None = None  # the last signal turned into Terminated
+        atexit.register(self._at_exit)
+
+    @contextlib.contextmanager
+    def opening(self, run: RunDir) -> Iterator[None]:
+        """Count ``run`` open from here (before its first save); if the block raises, record that and re-raise."""
+        self.close(run.root)  # re-opened (resumed in the same process): one hold per run
+        self._runs[os.path.realpath(run.root)] = (run.root, os.getpid(), _SIGTERM.hold())
+        try:
+            yield
+        except BaseException as exc:
+            if not (run.root / STATE).is_file():  # nothing says running: nothing to correct
+                self.close(run.root)
+                raise
+            with contextlib.suppress(Exception):  # the save that failed may fail again: the original error wins
+                run.fail(exc, stage=None)
+            raise
+
+    def close(self, root: Path) -> None:
+        entry = self._runs.pop(os.path.realpath(root), None)
+        if entry is not None and entry[2]:
+            _SIGTERM.release()
+
+    def _at_exit(self) -> None:
+        for root, pid, _held in list(self._runs.values()):
+            if pid != os.getpid():  # a forked child exiting: the run is its parent's
+                continue
+            # What state.json says now, not this process's copy: spawned ranks may have advanced it.
+            with contextlib.suppress(Exception):  # a directory removed since (a test's tmp dir): nothing to record
+                run = RunDir.reload(root)
+                if run.state.get("status") == "running":
+                    stop = Terminated(self.signalled) if self.signalled else Interrupted(
+                        "the process ended with the run still open (stopped before its stages ran or between them)")
+                    run.fail(stop, stage=run.state.get("current"))
+        self._runs.clear()
+
+
+_OPEN = _OpenRuns()
 
 
 # ---- the lock ---------------------------------------------------------------------------------------------------

@@ -143,6 +143,10 @@ class Backend(Protocol):
     def primary_metric(self) -> str:
         """The metric the verdict compares (higher is better): ``map50_95``, ``top1``."""
 
+    @property
+    def chance(self) -> float | None:
+        """What a guess scores on the primary metric (1/classes for top-1), or None when it has no such floor."""
+
 
 @dataclass(frozen=True)
 class Job:
@@ -510,7 +514,8 @@ def _control_rows(ctx: _Ctx, x: tuple[torch.Tensor, ...]) -> dict[str, Any] | No
         rows.append((role, _CONTROL_WHAT[role], run.epochs,
                      Stage(measure(model, x), None, {**run.metrics, **b.extra_costs(model)})))
     total = b.baseline_epochs + spec.sparsity.epochs + spec.finetune.epochs
-    return {"metric": b.primary_metric, "total_epochs": total, "finetune_epochs": spec.finetune.epochs, "runs": rows}
+    return {"metric": b.primary_metric, "total_epochs": total, "finetune_epochs": spec.finetune.epochs, "runs": rows,
+            "chance": b.chance}
 
 
 def _report(ctx: _Ctx) -> ReportDone:

@@ -114,7 +114,7 @@ class PruningPlan:
             est += f"; {note}"
         return (
             f"{self.model}: {len(self.pruned)}/{len(self.groups)} groups pruned, channels {before} -> {after} "
-            f"({1 - after / max(before, 1):.1%} removed) by {self.criterion}{est}"
+            f"({1 - after / before if before else 0.0:.1%} removed) by {self.criterion}{est}"
         )
 
     def table(self):

@@ -113,8 +113,9 @@ def render_markdown(report: Mapping[str, Any], plots: Sequence[str] = ()) -> str
     metrics = _metric_names(stages)
     lines = [f"# Pruning report: {report['model']}", ""]
     lines += [f"Created {report['created']} with prunefx {report['prunefx']}.", ""]
-    if report.get("warnings"):
-        lines += ["## Warnings", "", *(f"- **warning**: {w}" for w in report["warnings"]), ""]
+    warnings = report_warnings(report)
+    if warnings:
+        lines += ["## Warnings", "", *(f"- **warning**: {w}" for w in warnings), ""]
     lines += _md_table(["stage", *_COST_COLUMNS, *metrics], [[name, *_row(s, metrics)] for name, s in stages.items()])
     lines += ["", "Costs show the relative change vs baseline in parentheses, metrics the absolute change.", ""]
     lines += _timing_line(report.get("timing"))
@@ -128,6 +129,11 @@ def render_markdown(report: Mapping[str, Any], plots: Sequence[str] = ()) -> str
         lines += ["", "## Settings", "", "```json", json.dumps(report["settings"], indent=2), "```"]
     lines += _controls_section(report)
     return "\n".join(lines) + "\n"
+
+
+def report_warnings(report: Mapping[str, Any]) -> list[str]:
+    """The report's warnings in order: report.md and report.html both list exactly these, before anything else."""
+    return [str(w) for w in report.get("warnings") or ()]
 
 
 def _controls_section(report: Mapping[str, Any]) -> list[str]:

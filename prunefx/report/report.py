@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from prunefx._config import from_dict, to_dict
+from prunefx._io import read_json
 from prunefx.errors import PrunefxError
 from prunefx.metrics import CONVENTIONS as COUNT_CONVENTIONS
 from prunefx.metrics import Latency, Measurement
@@ -120,27 +121,29 @@ class Width:
 
 
 @dataclass(frozen=True)
-class SweepRow:
-    """One point of an accuracy-vs-FLOPs sweep."""
+class CostRow:
+    """What a sweep point and a control record alike: a model's cost and its task metrics."""
 
-    ratio: float
     macs: int
-    flops: int
+    flops: int  # 2 x macs
     params: int
     metrics: dict[str, float]
 
 
 @dataclass(frozen=True)
-class ControlRow:
+class SweepRow(CostRow):
+    """One point of an accuracy-vs-FLOPs sweep."""
+
+    ratio: float
+
+
+@dataclass(frozen=True)
+class ControlRow(CostRow):
     """One control: a model of the pruned model's budget trained from scratch (see ``prune.controls``)."""
 
     name: str  # narrow (total epochs), narrow_ft (fine-tune epochs), scratch (pruned architecture, total epochs)
     what: str
     epochs: int
-    macs: int
-    flops: int
-    params: int
-    metrics: dict[str, float]
 
 
 @dataclass(frozen=True)
@@ -151,6 +154,7 @@ class Controls:
     total_epochs: int  # baseline + sparsity + fine-tune
     finetune_epochs: int
     runs: tuple[ControlRow, ...]
+    chance: float | None = None  # the metric of a guess (1/classes for top-1), when known: the verdict's floor
 
 
 @dataclass(frozen=True)
@@ -215,6 +219,12 @@ def _stage_dict(stage: Stage, baseline: Stage | None) -> dict[str, Any]:
     return out
 
 
+def _cost_row(measurement: Measurement, metrics: Mapping[str, float]) -> dict[str, Any]:
+    """A :class:`CostRow` as report.json holds it: the measured cost and the metrics as floats."""
+    return {"macs": measurement.macs, "flops": measurement.flops, "params": measurement.params,
+            "metrics": {k: float(v) for k, v in metrics.items()}}
+
+
 def _version() -> str:
     try:
         return importlib.metadata.version("prunefx")
@@ -272,7 +282,8 @@ def build_report(
 
     ``widths`` holds ``(name, before, after)`` per pruned group; ``settings`` (JSON-able) is stored as is;
     ``warnings`` are sentences about what the numbers cannot support (report.md lists them first).
-    ``controls``: ``{"metric", "total_epochs", "finetune_epochs", "runs": [(name, what, epochs, Stage), ...]}``.
+    ``controls``: ``{"metric", "total_epochs", "finetune_epochs", "runs": [(name, what, epochs, Stage), ...]}`` and
+    optionally ``"chance"`` (the metric of a guess, e.g. 1/classes for top-1: scores at or below it get no verdict).
 
     >>> build_report(model="resnet50", baseline=Stage(measure(m0, x)), pruned=Stage(measure(m1, x)))
     """
@@ -295,16 +306,7 @@ def build_report(
         "settings": dict(settings or {}),
         "stages": stages,
         "widths": [{"name": n, "before": int(b), "after": int(a)} for n, b, a in widths],
-        "sweep": [
-            {
-                "ratio": float(p.ratio),
-                "macs": p.measurement.macs,
-                "flops": p.measurement.flops,
-                "params": p.measurement.params,
-                "metrics": {k: float(v) for k, v in p.metrics.items()},
-            }
-            for p in sweep
-        ],
+        "sweep": [{"ratio": float(p.ratio), **_cost_row(p.measurement, p.metrics)} for p in sweep],
         "warnings": [str(w) for w in warnings],
     }
     if controls is not None:
@@ -312,11 +314,11 @@ def build_report(
             "metric": str(controls["metric"]),
             "total_epochs": int(controls["total_epochs"]),
             "finetune_epochs": int(controls["finetune_epochs"]),
-            "runs": [{"name": name, "what": what, "epochs": int(epochs), "macs": st.measurement.macs,
-                      "flops": st.measurement.flops, "params": st.measurement.params,
-                      "metrics": {k: float(v) for k, v in st.metrics.items()}}
+            "runs": [{"name": name, "what": what, "epochs": int(epochs), **_cost_row(st.measurement, st.metrics)}
                      for name, what, epochs, st in controls["runs"]],
         }
+        if controls.get("chance") is not None:
+            report["controls"]["chance"] = float(controls["chance"])
     try:
         json.dumps(report["settings"], allow_nan=False)
     except (TypeError, ValueError) as exc:
@@ -342,12 +344,8 @@ def validate_report(report: Any) -> Report:
 
 def load_report(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """Read and validate ``run_dir/report.json`` (as written by ``prunefx.report.write.write_report``)."""
-    path = Path(run_dir) / JSON_NAME
-    try:
-        report = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ReportError(f"no {JSON_NAME} in {run_dir}; pass the run directory a pruning run wrote.") from None
-    except json.JSONDecodeError as exc:
-        raise ReportError(f"{path} is not valid JSON ({exc}); re-run the pruning to regenerate it.") from exc
+    report = read_json(Path(run_dir) / JSON_NAME, ReportError, what="is not valid JSON",
+                       missing=f"no {JSON_NAME} in {run_dir}; pass the run directory a pruning run wrote.",
+                       fix="re-run the pruning to regenerate it.")
     validate_report(report)
     return report

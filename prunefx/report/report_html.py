@@ -20,13 +20,14 @@ from typing import Any
 from prunefx._io import atomic_write
 from prunefx.errors import PrunefxError
 from prunefx.report.graph import GraphError, validate_graph
-from prunefx.report.render import _COST_COLUMNS, _metric_names, _row, controls_table
+from prunefx.report.render import _COST_COLUMNS, _metric_names, _row, controls_table, report_warnings
 from prunefx.report.verdict import verdict
 from prunefx.view.page import GRAPH_SCHEMA, asset, csp, graph_page
 
 GRAPH_NAME = "graph.json"  # in a run directory, next to plan.json
 _BOLD = re.compile(r"[*][*](.+?)[*][*]")  # markdown emphasis in verdict()
 _STRONG = r"<strong>\1</strong>"
+SCROLL = "scroll-x"  # the class of the box every table sits in: page.css lets it scroll sideways (overflow-x: auto)
 
 
 def write_graph(run_dir: str | os.PathLike[str], graph: Mapping[str, Any]) -> Path:
@@ -61,6 +62,17 @@ def load_graph(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
     return data
 
 
+def _scrolling(table: str) -> str:
+    """``table`` in a box that scrolls sideways, so a wide table never overflows the page."""
+    return f'<div class="{SCROLL}">{table}</div>'
+
+
+def _warnings(report: Mapping[str, Any]) -> str:
+    """The report's warnings, report.md's list (``render.report_warnings``), for the top of the page."""
+    items = "".join(f"<li><strong>warning</strong>: {html.escape(w)}</li>" for w in report_warnings(report))
+    return f'<div class="warnings" role="alert"><h3>Warnings</h3><ul>{items}</ul></div>' if items else ""
+
+
 def _metrics_table(report: Mapping[str, Any]) -> str:
     """The stages' costs and metrics, with report.md's cells (``render._row``)."""
     stages = report["stages"]
@@ -71,7 +83,7 @@ def _metrics_table(report: Mapping[str, Any]) -> str:
         + "".join(f"<td>{html.escape(cell)}</td>" for cell in _row(stage, metrics)) + "</tr>"
         for name, stage in stages.items()
     )
-    return f'<table class="metrics"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>'
+    return _scrolling(f'<table class="metrics"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>')
 
 
 def _controls(report: Mapping[str, Any]) -> str:
@@ -84,8 +96,8 @@ def _controls(report: Mapping[str, Any]) -> str:
     body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
     # verdict() writes markdown bold around the sentences that answer the question; keep that emphasis
     sentences = "".join(f'<p class="verdict">{_BOLD.sub(_STRONG, html.escape(line))}</p>' for line in verdict(report))
-    return (f'<h3>Controls</h3><table class="metrics controls"><thead><tr>{head}</tr></thead><tbody>{body}</tbody>'
-            f"</table><h3>Verdict</h3>{sentences}")
+    table = f'<table class="metrics controls"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+    return f"<h3>Controls</h3>{_scrolling(table)}<h3>Verdict</h3>{sentences}"
 
 
 def _section(report: Mapping[str, Any]) -> str:
@@ -96,8 +108,8 @@ def _section(report: Mapping[str, Any]) -> str:
         notes.append(f"verify (pruned model vs the masked original): {settings['verify']}")
     paragraphs = "".join(f'<p class="note">{html.escape(n)}</p>' for n in notes)
     stages = " / ".join(report["stages"])
-    return (f'<section class="report"><details open><summary>Results: {html.escape(stages)}</summary>'
-            f"{_metrics_table(report)}{paragraphs}{_controls(report)}</details></section>")
+    return (f'<section class="report">{_warnings(report)}<details open><summary>Results: {html.escape(stages)}'
+            f"</summary>{_metrics_table(report)}{paragraphs}{_controls(report)}</details></section>")
 
 
 def _widths_only(title: str, report: Mapping[str, Any]) -> str:
@@ -106,13 +118,14 @@ def _widths_only(title: str, report: Mapping[str, Any]) -> str:
         f'<tr><td class="mono">{html.escape(w["name"])}</td><td class="num">{w["before"]}</td>'
         f'<td class="num">{w["after"]}</td></tr>' for w in report["widths"]
     )
+    table = _scrolling(f'<table class="list"><tr><th>group</th><th>before</th><th>after</th></tr>{rows}</table>')
     return (f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
             f'<meta http-equiv="Content-Security-Policy" content="{csp(script=False)}"><link rel="icon" href="data:,">'
             f"<title>{html.escape(title)}</title><style>{asset('page.css')}</style></head><body class=\"report\">"
             f"<header><h1>{html.escape(title)}</h1></header>{_section(report)}"
             '<main><aside id="panel" class="wide"><p class="empty">This run has no graph.json (written next to '
             "plan.json when the model is pruned), so the graph cannot be drawn. Widths per group:</p>"
-            f'<table class="list"><tr><th>group</th><th>before</th><th>after</th></tr>{rows}</table></aside></main>'
+            f"{table}</aside></main>"
             "</body></html>\n")
 
 

@@ -3,6 +3,9 @@
 Produced from the report's own numbers only (``stages`` and ``controls``), so it can be checked against them:
 
     pruned beats the narrow model by 1.2 points of top1 at equal GFLOPs and equal total epochs ...
+
+When every compared model scores 0, or at or below the chance level the controls give (``controls.chance``, e.g.
+1/classes for top-1), there is nothing to rank: the verdict says "No verdict", why, and what to do instead.
 """
 
 from __future__ import annotations
@@ -25,6 +28,23 @@ def _by(word: str, points: float) -> str:
     return word if word == "matches" else f"{word} it by {points:.1f} points"
 
 
+def _no_verdict(metric: str, scores: Mapping[str, float], chance: float | None) -> str | None:
+    """Why ``scores`` (model -> metric) cannot rank the models, or None when they can.
+
+    Every score at 0, or at or below the chance level (within the tie tolerance): no model has learned the task,
+    so the differences between them are noise and any "beats" or "matches" would be read as a result.
+    """
+    tie = TIE_POINTS / 100
+    names = ", ".join(f"{n} {v:.4f}" for n, v in scores.items())
+    fix = "train longer (more epochs, a higher learning rate) or check the data (labels, the evaluation split)"
+    if all(abs(v) < tie for v in scores.values()):
+        return f"No verdict: every model scores 0 on {metric} ({names}); {fix}, then compare again."
+    if chance is not None and all(v < chance + tie for v in scores.values()):
+        return (f"No verdict: every model scores at or below chance level {chance:.4f} on {metric} ({names}); "
+                f"{fix}, then compare again.")
+    return None
+
+
 def verdict(report: Mapping[str, Any]) -> list[str]:
     """Sentences comparing the pruned (fine-tuned when there is one) model with the report's controls."""
     controls = report.get("controls")
@@ -37,6 +57,10 @@ def verdict(report: Mapping[str, Any]) -> list[str]:
     if ours is None:
         return [f"No verdict: the {name} model has no {metric} in this report."]
     runs = {r["name"]: r for r in controls["runs"]}
+    scores = {"pruned": ours, **{n: r["metrics"][metric] for n, r in runs.items() if metric in r["metrics"]}}
+    unranked = _no_verdict(metric, scores, controls.get("chance"))
+    if unranked is not None:
+        return [unranked]
     gflops = stages[name]["flops"] / 1e9
     lines = [f"Metric: {metric} (1 point = 0.01); pruned = the {name} model, {ours:.4f} at {gflops:.4g} GFLOPs, "
              f"trained {total} epochs in all (baseline + sparsity + fine-tune), {ft} of them fine-tuning."]

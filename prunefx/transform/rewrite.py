@@ -17,6 +17,7 @@ from prunefx.analysis.roles import Kind, Literal, ModuleRole
 from prunefx.plan import PlanError, PruningPlan, validate_plan
 from prunefx.transform.fixers import fix_attributes, owned_modules
 from prunefx.transform.keep import keep_by_root, kept_positions
+from prunefx.transform.reparametrize import parametrized_names, slice_parametrized
 
 
 def apply_plan(model: nn.Module, dg: DependencyGraph, plan: PruningPlan, *, graph_rewrite: bool = False) -> nn.Module:
@@ -48,10 +49,12 @@ def apply_plan(model: nn.Module, dg: DependencyGraph, plan: PruningPlan, *, grap
             consts.append((name, role, len(pos)))
     tensors = dict(model.named_parameters(remove_duplicate=False))
     tensors.update(model.named_buffers(remove_duplicate=False))
-    missing = [n for n in slices if n not in tensors]
+    parametrized = parametrized_names(model, [n for n in slices if n not in tensors])  # checked before any change
+    missing = [n for n in slices if n not in tensors and n not in parametrized]
     if missing:
         raise PlanError(f"the model has no tensor named {missing[0]!r}: was the plan made on another model?")
-    _slice_tensors(model, tensors, slices)
+    slice_parametrized(model, {n: d for n, d in slices.items() if n in parametrized})  # weight_norm's weight
+    _slice_tensors(model, tensors, {n: d for n, d in slices.items() if n not in parametrized})
     fix_attributes(model, widths)
     if consts:  # the literals live in the traced graph: hand back the GraphModule that holds them
         _rewrite_constants(dg, consts)

@@ -85,7 +85,15 @@ def test_quick_yolo_latency_table(tmp_path: Path) -> None:
     assert float(r["speedup_per_gflops_ratio"]) == pytest.approx(float(r["speedup"]) / ratio)
 
 
-def test_readme_tables_match_the_generated_files() -> None:
+def test_readme_tables_match_the_generated_files(tmp_path: Path) -> None:
+    """docs/results.md and README.md hold the generated tables between their markers, as generated."""
     from experiments import readme
 
-    assert readme.main(["--check"]) == 0, "README.md is out of date: run python -m experiments.readme"
+    assert [p.relative_to(readme.ROOT).as_posix() for p in readme.PAGES] == ["docs/results.md", "README.md"]
+    for page in readme.PAGES:
+        assert "<!-- results:" in page.read_text(), f"{page} holds no results markers"
+    assert readme.main(["--check"]) == 0, "a results page is out of date: run python -m experiments.readme"
+    stale = tmp_path / "page.md"  # a page whose table was edited by hand is reported, then rewritten
+    stale.write_text(readme.PAGES[1].read_text().replace("| yolov8n | 0.5 | 0 |", "| yolov8n | 0.5 | 9 |"))
+    assert readme.main(["--check", "--page", str(stale)]) == 1
+    assert readme.main(["--page", str(stale)]) == 0 and stale.read_text() == readme.PAGES[1].read_text()

@@ -34,7 +34,8 @@ from prunefx.analysis.roles import Kind
 CHROMIUM = os.environ.get("PRUNEFX_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("PRUNEFX_CHROMEDRIVER", "/usr/bin/chromedriver")
 WINDOW = (1500, 950)
-# The README's screenshots are written here when set (e.g. PRUNEFX_SCREENSHOTS=docs/images); else to a temp dir.
+# The docs' screenshots (docs/images/, shown by docs/html-view.md) are written here when set (e.g.
+# PRUNEFX_SCREENSHOTS=docs/images); else to a temp dir.
 SCREENSHOTS = os.environ.get("PRUNEFX_SCREENSHOTS")
 
 
@@ -285,8 +286,8 @@ def test_a_large_graph_draws_every_node_and_edge(browser, tmp_path: Path, name: 
 
 
 def test_screenshots(browser, pages, report_run, tmp_path: Path) -> None:
-    """The README's pictures: the groups page of YOLOv8n with a C2f's cv1 clicked, and the report of a pruned
-    YOLOv8n scrolled to the neck (its concats), with the plan's decisions in the panel."""
+    """The pictures of docs/html-view.md: the groups page of YOLOv8n with a C2f's cv1 clicked, and the report of a
+    pruned YOLOv8n scrolled to the neck (its concats), with the plan's decisions in the panel."""
     out = Path(SCREENSHOTS) if SCREENSHOTS else tmp_path
     out.mkdir(parents=True, exist_ok=True)
     from PIL import Image

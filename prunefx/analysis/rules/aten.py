@@ -16,6 +16,7 @@ from prunefx.analysis.roles import IN, OUT
 from prunefx.analysis.rules._algebra import norm_dim, op_name, pointwise, reshape, size_args, weight_owner
 from prunefx.analysis.rules._context import Ctx
 from prunefx.analysis.rules._registry import register_rule
+from prunefx.analysis.rules.elementwise import glu
 from prunefx.analysis.rules.index import constant_slice
 from prunefx.analysis.rules.linalg import (
     _contract,
@@ -219,11 +220,14 @@ for _op, _separable in (
     (aten.sum.dim_IntList, True), (aten.sum.default, True), (aten.mean.dim, False), (aten.mean.default, False),
     (aten.amax.default, False), (aten.amin.default, False), (aten.var.correction, False),
     (aten.std.correction, False), (aten.logsumexp.default, False), (aten.argmax.default, False),
-    (aten.linalg_vector_norm.default, False),
+    (aten.linalg_vector_norm.default, False), (aten.max.dim, False), (aten.min.dim, False),
+    (aten.max.default, False), (aten.min.default, False), (aten.argmin.default, False),
+    (aten.prod.dim_int, False), (aten.any.dim, False), (aten.all.dim, False),
 ):  # fmt: skip
     REDUCTIONS[_op] = _separable
     register_rule(_op)(reduction)
 NORMS.add(aten.linalg_vector_norm.default)  # (x, ord, dim, keepdim)
+register_rule(aten.glu.default)(glu)
 register_rule(aten.softmax.int, aten._softmax.default, aten.log_softmax.int, aten._log_softmax.default)(softmax)
 register_rule(
     aten.adaptive_avg_pool1d.default, aten.adaptive_avg_pool2d.default, aten.avg_pool2d.default,

@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from prunefx.analysis.rules._algebra import passthrough, pointwise
+from prunefx.analysis.labels import Lab
+from prunefx.analysis.rules._algebra import norm_dim, passthrough, pointwise
 from prunefx.analysis.rules._context import Ctx
 from prunefx.analysis.rules._registry import register_rule
 
@@ -72,3 +73,16 @@ def binary(ctx: Ctx) -> object:
     if ctx.node.target == "expand_as":
         return pointwise(ctx, [ctx.args[0], ctx.args[1]])
     return pointwise(ctx, [*ctx.args, *ctx.kwargs.values()])
+
+
+@register_rule(F.glu, torch.nn.functional.glu, nn.GLU, "glu")
+def glu(ctx: Ctx) -> Lab:
+    """glu(x, dim) = a * sigmoid(b) of x's halves along dim: channel i of a and of b make output channel i."""
+    lab = ctx.lab(ctx.args[0])
+    d = norm_dim(ctx.module.dim if isinstance(ctx.module, nn.GLU) else ctx.arg(1, "dim", -1), lab.ndim)
+    arr = lab.dims[d]
+    if arr is None:
+        return lab
+    half = len(arr) // 2  # glu refuses an odd size, so the capture already ran with an even one
+    ctx.union(arr[:half], arr[half:], f"the two halves of glu(dim={d}) at {ctx.where()}")
+    return lab.replace(d, arr[:half])

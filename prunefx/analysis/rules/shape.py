@@ -32,6 +32,15 @@ def get_attribute(ctx: Ctx):
         return Lab(tuple(reversed(lab.dims))) if attr == "T" else Lab((*lab.dims[:-2], lab.dims[-1], lab.dims[-2]))
     if ctx.is_tensor(obj) and attr in ("dtype", "device", "is_cuda", "ndim", "requires_grad"):
         return ctx.out
+    if not ctx.is_tensor(obj) and isinstance(ctx.out, torch.Tensor):
+        value, labs = ctx.value(obj), ctx.aval(obj)
+        if isinstance(value, tuple) and isinstance(labs, (tuple, list)) and len(labs) == len(value):
+            # a field of torch's named results (x.max(dim).values, qr(x).Q): the element it is, found by identity
+            hit = [k for k, v in enumerate(value) if v is getattr(value, attr, None)]
+            if len(hit) == 1:
+                return labs[hit[0]]
+        ctx.freeze(labs, f"unknown attribute .{attr} of {type(value).__name__}")  # every label inside it
+        return Lab.none(ctx.out.dim())
     if isinstance(ctx.out, torch.Tensor):  # e.g. .data, .real: an unknown view of the tensor
         ctx.freeze(ctx.lab(obj), f"unknown tensor attribute .{attr}")
         return Lab.none(ctx.out.dim())
@@ -323,6 +332,8 @@ def unbind(ctx: Ctx) -> tuple:
 @register_rule("roll", torch.roll, "flip", torch.flip, "narrow", torch.narrow, "select", torch.select)
 def positional(ctx: Ctx) -> Lab:
     """Ops that move or pick positions along a dim: fine off the channel dims, frozen on them."""
+    # roll(x, shifts=x.size(1)), narrow(x, 2, 0, c): a channel count used as a shift or a bound would change with it
+    ctx.freeze_values((ctx.args[1:], dict(ctx.kwargs)))
     lab = ctx.lab(ctx.args[0])
     target = op_name(ctx.node.target)
     pos, key = {"roll": (2, "dims"), "flip": (1, "dims"), "narrow": (1, "dim"), "select": (1, "dim")}[target]

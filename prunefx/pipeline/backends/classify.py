@@ -179,6 +179,7 @@ class ClassifyBackend:
         self.checkpoint = job.checkpoint
         self.baseline_epochs = job.train.epochs
         self.primary_metric = "top1"
+        self.chance = 1.0 / job.num_classes  # top-1 of a uniform guess: the verdict's floor
 
     @functools.cached_property
     def data(self) -> ClassificationData:
@@ -324,6 +325,11 @@ def _digest(signature: list[tuple[str, tuple[int, ...]]]) -> str:
 
 # ---------------------------------------------------------------------------------------------------------------
 # Processes: one, spawned workers, or torchrun's workers
+
+
+def run_classify_config(config: Mapping[str, Any], config_name: str, log: Callable[[str], None]) -> RunDir | None:
+    """The classification pipeline of a loaded config (:mod:`prunefx.pipeline.registry`'s entry for torch models)."""
+    return run_classify(ClassifyJob.from_config(config, config_name=config_name), log=log)
 
 
 def run_classify(job: ClassifyJob, *, log: Callable[[str], None] = print) -> RunDir | None:

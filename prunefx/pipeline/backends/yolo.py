@@ -288,6 +288,7 @@ class YoloBackend:
         self.checkpoint = job.model if job.model.endswith(".pt") else None
         self.baseline_epochs = int(job.train.get("epochs", 100))
         self.primary_metric = "top1" if job.task == "classify" else "map50_95"
+        self.chance = None  # mAP has no guess level; a classify model's classes are known only once its data is read
         self.data = resolve_data(job, log)
 
     def path(self, role: ModelRole) -> Path:
@@ -426,6 +427,11 @@ def _check_nc(model: nn.Module, data: str) -> None:
             f"the checkpoint predicts {predicts} classes but {data} has {nc}; the trainer does not "
             "rebuild the head for a handed-over model: use a checkpoint trained on this dataset"
         )
+
+
+def run_yolo_config(config: Mapping[str, Any], config_name: str, log: Callable[[str], None]) -> RunDir:
+    """The YOLO pipeline of a loaded config (:mod:`prunefx.pipeline.registry`'s entry for ultralytics models)."""
+    return run_yolo(YoloJob.from_config(config, config_name=config_name), log=log)
 
 
 def run_yolo(job: YoloJob, *, log: Callable[[str], None] = print) -> RunDir:

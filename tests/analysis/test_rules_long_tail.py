@@ -1,0 +1,88 @@
+"""Long-tail rules: GLU (its halves share channels), reductions returning (values, indices), roll by a count."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from _graph_checks import positions, the_group
+from torch import nn
+
+import prunefx
+
+
+class Gated(nn.Module):
+    """A conv whose 8 outputs feed glu over channels: output channel j is a[j] * sigmoid(a[4 + j])."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.how = how
+        self.a, self.gate, self.b = nn.Conv1d(3, 8, 1), nn.GLU(dim=1), nn.Conv1d(4, 5, 1)
+
+    def forward(self, x):
+        y = self.a(x)
+        return self.b(self.gate(y) if self.how == "module" else F.glu(y, dim=1))
+
+
+@pytest.mark.parametrize("capture", ["fx", "export"])
+@pytest.mark.parametrize("how", ["module", "function"])
+def test_glu_halves_are_one_group_with_two_positions_per_channel(how: str, capture: str) -> None:
+    dg = prunefx.analyze(Gated(how), (torch.randn(2, 3, 6),), capture=capture)
+    g = the_group(dg, "a")
+    assert g.prunable and g.exact and g is the_group(dg, "b", "in")
+    assert positions(g, "a", "out") == tuple((j, 4 + j) for j in range(4))
+    assert positions(g, "b", "in") == tuple((j,) for j in range(4))
+    assert not dg.unknown_ops
+
+
+@pytest.mark.parametrize("capture", ["fx", "export"])
+def test_a_pruned_glu_model_equals_the_masked_original(capture: str) -> None:
+    torch.manual_seed(0)
+    result = prunefx.prune(Gated("function").eval(), torch.randn(2, 3, 6), prunefx.PlanConfig(ratio=0.5),
+                           criterion="l1", capture=capture)
+    assert result.model.a.out_channels == 4 and result.model.b.in_channels == 2
+    assert result.verified is not None and result.verified.ok and result.verified.errors
+
+
+class MaxOverLength(nn.Module):
+    """Channels pass a max / min over the length dim (values and indices) into a Linear."""
+
+    def __init__(self, op: str):
+        super().__init__()
+        self.op = op
+        self.a, self.fc = nn.Conv1d(3, 8, 1), nn.Linear(8, 5)
+
+    def forward(self, x):
+        y = self.a(x)
+        values = (y.max(dim=2) if self.op == "max" else torch.min(y, 2)).values
+        return self.fc(values)
+
+
+@pytest.mark.parametrize("capture", ["fx", "export"])
+@pytest.mark.parametrize("op", ["max", "min"])
+def test_max_and_min_over_a_non_channel_dim_keep_channels_prunable(op: str, capture: str) -> None:
+    dg = prunefx.analyze(MaxOverLength(op), (torch.randn(2, 3, 6),), capture=capture)
+    g = the_group(dg, "a")
+    assert g.prunable and g is the_group(dg, "fc", "in")
+    assert positions(g, "fc", "in") == tuple((j,) for j in range(8))
+    assert not dg.unknown_ops
+
+
+class Rolled(nn.Module):
+    """roll along the length by a literal, or by an amount computed from the channel count."""
+
+    def __init__(self, by_channels: bool):
+        super().__init__()
+        self.by_channels = by_channels
+        self.a, self.b = nn.Conv1d(3, 8, 1), nn.Conv1d(8, 4, 1)
+
+    def forward(self, x):
+        y = self.a(x)
+        return self.b(torch.roll(y, shifts=y.size(1) // 4 if self.by_channels else 2, dims=2))
+
+
+def test_a_shift_computed_from_a_channel_count_freezes_those_channels() -> None:
+    frozen = the_group(prunefx.analyze(Rolled(True), (torch.randn(2, 3, 6),)), "a")
+    assert not frozen.prunable and any("used as a value by node 'roll'" in r for r in frozen.reasons)
+    literal = the_group(prunefx.analyze(Rolled(False), (torch.randn(2, 3, 6),)), "a")
+    assert literal.prunable

@@ -1,0 +1,48 @@
+"""The model's family picks the pipeline that runs a config (prunefx.pipeline.registry)."""
+
+from __future__ import annotations
+
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from prunefx._extras import MissingExtraError
+from prunefx.pipeline import registry, run_config
+from prunefx.pipeline.backends.classify import run_classify_config
+from prunefx.pipeline.run_config import ConfigError
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+def test_builtin_families_have_their_pipelines() -> None:
+    assert registry.pipeline_for("torch") is run_classify_config
+    assert registry._PIPELINES["ultralytics"].target.endswith(":run_yolo_config")
+
+
+def test_unknown_family_is_one_config_error_naming_the_known_ones() -> None:
+    with pytest.raises(ConfigError, match=r"the .jax. family \(pipelines: torch, ultralytics"):
+        registry.pipeline_for("jax")
+
+
+@pytest.mark.parametrize("config,family", [("digits_cnn.yaml", "torch"), ("yolo.yaml", "ultralytics")])
+def test_run_config_calls_the_pipeline_registered_for_the_models_family(
+    config: str, family: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[tuple[str, str]] = []
+    fake = types.ModuleType("_fake_pipeline")
+    fake.run = lambda cfg, name, log: seen.append((cfg["model"], name)) or "the run"  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "_fake_pipeline", fake)
+    monkeypatch.setattr(registry, "_PIPELINES", dict(registry._PIPELINES))
+    registry.register_pipeline(family, "_fake_pipeline:run")
+    assert run_config(CONFIGS / config, [], log=lambda _: None) == "the run"
+    assert len(seen) == 1 and seen[0][1] == Path(config).stem
+
+
+def test_a_missing_package_is_named_before_the_pipeline_is_imported(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(registry, "_PIPELINES", dict(registry._PIPELINES))
+    monkeypatch.setitem(sys.modules, "ultralytics", None)  # import ultralytics now fails as if not installed
+    registry.register_pipeline("torch", "no_such_module_xyz:run", needs="ultralytics", what="the X pipeline")
+    with pytest.raises(MissingExtraError, match=r"the X pipeline needs ultralytics.*prunefx\[yolo\]"):
+        registry.pipeline_for("torch")

@@ -6,13 +6,16 @@ from typing import Annotated
 import typer
 
 # Only light modules at the top (help texts included): each command imports torch and the library when it runs.
-from prunefx._defaults import FORMS, SIZES, TRUST_HELP
+from prunefx._defaults import FORMS, INPUT_HELP, SIZES, TRUST_HELP
 from prunefx.cli._console import new_console
 
 
 def analyze(
     spec: Annotated[str, typer.Argument(metavar="SPEC", help=f"Model: {FORMS}.")],
     imgsz: Annotated[int | None, typer.Option(help=f"Input image size (default: {SIZES}).")] = None,
+    inputs: Annotated[
+        list[str] | None, typer.Option("--input", metavar="SHAPE[:DTYPE]|FILE", help=INPUT_HELP)
+    ] = None,
     json_path: Annotated[
         Path | None,
         typer.Option("--json", help="Also write the groups as JSON to this file.", dir_okay=False),
@@ -33,7 +36,7 @@ def analyze(
     from prunefx.spec import load_spec
     from prunefx.view import to_html
 
-    loaded = load_spec(spec, imgsz=imgsz, trust_checkpoint=trust_checkpoint)
+    loaded = load_spec(spec, imgsz=imgsz, trust_checkpoint=trust_checkpoint, inputs=inputs or ())
     dg = prunefx.analyze(loaded.model, loaded.example_inputs)
     console = new_console()
     console.print(dg.table(max_members=max_members))

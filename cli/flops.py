@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 # Only light modules at the top (help texts included): each command imports torch and the library when it runs.
-from prunefx._defaults import FORMS, SIZES, TRUST_HELP
+from prunefx._defaults import FORMS, INPUT_HELP, SIZES, TRUST_HELP
 from prunefx.cli._console import new_console
 
 ULTRALYTICS_CONVENTION = (
@@ -35,6 +35,9 @@ class By(str, Enum):
 def flops(
     spec: Annotated[str, typer.Argument(metavar="SPEC", help=f"Model: {FORMS}.")],
     imgsz: Annotated[int | None, typer.Option(help=f"Input image size (default: {SIZES}).")] = None,
+    inputs: Annotated[
+        list[str] | None, typer.Option("--input", metavar="SHAPE[:DTYPE]|FILE", help=INPUT_HELP)
+    ] = None,
     batch: Annotated[int, typer.Option(min=1, help="Batch size of the measured forward.")] = 1,
     by: Annotated[By, typer.Option(help="Break MACs down by leaf module or by aten op.")] = By.module,
     top: Annotated[int, typer.Option(min=1, help="Rows in the breakdown table.")] = 10,
@@ -54,6 +57,7 @@ def flops(
 ) -> None:
     """Count the MACs and FLOPs (= 2 x MACs) of one forward of SPEC, its parameters and size, and optionally time it."""
     from prunefx._io import atomic_write
+    from prunefx.errors import PrunefxError
     from prunefx.metrics import CONVENTIONS, measure
     from prunefx.metrics import latency as measure_latency
     from prunefx.metrics.backends import Deployment
@@ -66,9 +70,14 @@ def flops(
             raise typer.BadParameter("only applies to the latency measurement; add --latency.", param_hint=hint)
     if latency:  # a missing GPU or onnxruntime fails now, before the model is built
         Deployment(backend=backend.value, device=device, threads=threads).resolve()
-    loaded = load_spec(spec, imgsz=imgsz, trust_checkpoint=trust_checkpoint)
-    image = loaded.example_inputs[0]
-    inputs = (image.expand(batch, *image.shape[1:]).contiguous(),)
+    loaded = load_spec(spec, imgsz=imgsz, trust_checkpoint=trust_checkpoint, inputs=inputs or ())
+    if loaded.given:  # the inputs as given, batch included
+        if batch != 1:
+            raise PrunefxError("--batch repeats an image; with --input give the batch in its shape (e.g. 4x1x1024)")
+        inputs = loaded.example_inputs
+    else:
+        image = loaded.example_inputs[0]
+        inputs = (image.expand(batch, *image.shape[1:]).contiguous(),)
     cost = measure(loaded.model, inputs, by="leaf")
     # Per image (batch 1) whatever the batch, as ultralytics defines it; only its models have a count of their own.
     gflops = loaded.family.native_gflops(loaded.model, loaded.example_inputs)
@@ -81,7 +90,8 @@ def flops(
     caption = "FLOPs = 2 x MACs; M = 1e6, G = 1e9, MB = 1e6 bytes of the saved state_dict"
     if gflops is not None:
         caption += "; ultralytics GFLOPs follow ultralytics' own rules (BatchNorm counted 4x)"
-    table = Table(title=f"{spec}: one forward of {' x '.join(map(str, inputs[0].shape))}", caption=caption)
+    shapes = ", ".join(" x ".join(map(str, x.shape)) if hasattr(x, "shape") else type(x).__name__ for x in inputs)
+    table = Table(title=f"{spec}: one forward of {shapes}", caption=caption)
     table.add_column("quantity")
     table.add_column("value", justify="right")
     table.add_row("MACs", f"{cost.macs:,} ({cost.macs / 1e9:.3f} G)")

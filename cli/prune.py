@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 # Only light modules at the top (help texts included): each command imports torch and the library when it runs.
-from prunefx._defaults import FORMS, SIZES, TRUST_HELP
+from prunefx._defaults import FORMS, INPUT_HELP, SIZES, TRUST_HELP
 from prunefx.cli._console import new_console
 from prunefx.cli.flops import Backend
 from prunefx.errors import PrunefxError
@@ -84,6 +84,9 @@ def prune(
         int, typer.Option(min=1, help="Reach the target in this many cuts, re-scoring the model between them.")
     ] = 1,
     imgsz: Annotated[int | None, typer.Option(help=f"Input image size (default: {SIZES}).")] = None,
+    inputs: Annotated[
+        list[str] | None, typer.Option("--input", metavar="SHAPE[:DTYPE]|FILE", help=INPUT_HELP)
+    ] = None,
     out: Annotated[Path | None, typer.Option(help="Run directory (default: runs/prune/<model>).")] = None,
     exist_ok: Annotated[bool, typer.Option(help="Replace an existing run directory (only a prunefx run).")] = False,
     latency: Annotated[
@@ -137,7 +140,7 @@ def prune(
     deployment = Deployment(backend=backend.value, device=device, threads=threads)
     if latency or latency_target is not None or rounding == "auto":
         deployment.resolve()  # a missing GPU or onnxruntime fails now, before any work
-    loaded = load_spec(spec, imgsz=imgsz, trust_checkpoint=trust_checkpoint)
+    loaded = load_spec(spec, imgsz=imgsz, trust_checkpoint=trust_checkpoint, inputs=inputs or ())
     _check_train_mode(loaded)
     _prune_once(loaded, spec, config, criterion, run_dir, latency, deployment, steps=steps, refit=refit)
 
@@ -214,11 +217,13 @@ def _check_train_mode(loaded: "LoadedModel") -> None:
         with torch.no_grad():
             probe(*loaded.example_inputs)
     except Exception as exc:  # any failure means the check cannot run here
-        shape = "x".join(map(str, loaded.example_inputs[0].shape))
+        first = loaded.example_inputs[0]
+        shape = "x".join(map(str, first.shape)) if hasattr(first, "shape") else type(first).__name__
         detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        fix = "give inputs it accepts in train mode (--input)" if loaded.given else "give a larger --imgsz"
         raise PrunefxError(
             f"{loaded.name} cannot run in train mode on one {shape} input ({type(exc).__name__}: {detail}); the "
-            "pruned model is verified in eval and train mode, so give a larger --imgsz"
+            f"pruned model is verified in eval and train mode, so {fix}"
         ) from exc
 
 

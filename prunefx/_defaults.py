@@ -25,3 +25,8 @@ TRUST_HELP = (  # for --trust-checkpoint
     "Unpickle checkpoints fully and evaluate model yamls as written (either can run any code the file holds): "
     "only for files you made or trust. Default: weights-only loading, known layers and activations only."
 )
+
+# --input of the commands that build a SPEC (prunefx.inputs reads it; kept here so --help imports nothing heavy)
+INPUT_HELP = ("Example input instead of an image, repeatable (one positional input each): a shape with an optional "
+              "dtype, e.g. 1x1x1024 or 1x128:int64 (integers drawn from 0..15), or a .pt file of tensors "
+              "(read weights-only).")

@@ -27,7 +27,7 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -39,6 +39,7 @@ from prunefx._defaults import FORMS, TORCHVISION_DEFAULT_SIZE, TORCHVISION_SIZES
 from prunefx._extras import require
 from prunefx.errors import PrunefxError, SpecError, UntrustedFileError
 from prunefx.family import TORCH, ModelFamily, get_family
+from prunefx.inputs import example_inputs
 
 SpecForm = Literal["torchvision", "ultralytics", "factory", "checkpoint"]
 
@@ -53,25 +54,32 @@ class LoadedModel:
     """A model in eval mode, one batch of example inputs it accepts, and the family that saves and exports it."""
 
     model: nn.Module
-    example_inputs: tuple[torch.Tensor, ...]  # one (1, C, H, W) image batch
+    example_inputs: tuple[Any, ...]  # one (1, C, H, W) image batch, or the inputs given (``inputs=``)
     name: str  # the SPEC it was loaded from
     kind: SpecForm  # the SPEC's form, for display (flops --json); what to do with the model asks ``family``
     family: ModelFamily
+    given: bool = False  # the inputs came from --input (not an image of --imgsz): hints name --input
 
 
 def load_spec(
-    spec: str, *, imgsz: int | None = None, device: str = "cpu", trust_checkpoint: bool = False
+    spec: str, *, imgsz: int | None = None, device: str = "cpu", trust_checkpoint: bool = False,
+    inputs: Sequence[str] = (),
 ) -> LoadedModel:
     """Build the model a SPEC names, in eval mode on ``device``, with a seeded random (1, C, imgsz, imgsz) input.
 
     ``imgsz`` defaults to the model's native size: 224 for torchvision (299 for inception_v3), 640 for
     YOLO detect/segment/pose/obb, 224 for YOLO classifiers; whether the model takes it is the model's to say (the
     analysis runs it). ``trust_checkpoint`` lets a checkpoint or model yaml run code (see the module docstring).
+    ``inputs``: the example inputs instead of an image, as :func:`prunefx.inputs.example_inputs` reads them
+    (``["1x1x1024"]``, ``["1x128:int64"]``, a ``.pt`` file), for models whose input is not an image.
     Bad input raises :class:`SpecError` (:class:`~prunefx.errors.UntrustedFileError` for a file that needs trust).
     """
     spec = spec.strip()
     if imgsz is not None and (isinstance(imgsz, bool) or not isinstance(imgsz, int) or imgsz < 1):
         raise SpecError(f"imgsz must be a positive integer, got {imgsz!r}.")
+    if inputs and imgsz is not None:
+        raise SpecError("give either --imgsz (an image of that size) or --input (the inputs themselves), not both.")
+    given = example_inputs(inputs) if inputs else None  # checked before the model is built
     try:
         target = torch.device(device)
     except RuntimeError as exc:
@@ -93,12 +101,16 @@ def load_spec(
     else:
         raise SpecError(f"cannot read model SPEC '{spec}'. Use one of: {FORMS}.")
     # Seeded so that two runs of the same SPEC see the same input (latency, real-forward fallbacks).
-    image = torch.rand(1, channels, size, size, generator=torch.Generator().manual_seed(0))
+    xs = given or (torch.rand(1, channels, size, size, generator=torch.Generator().manual_seed(0)),)
     try:
-        model, image = model.to(target).eval(), image.to(target)
+        model, xs = model.to(target).eval(), tuple(_to(x, target) for x in xs)
     except (RuntimeError, AssertionError) as exc:  # no such device here, or a torch built without CUDA
         raise SpecError(f"cannot use device '{device}': {exc}. Use 'cpu' or an available 'cuda:N'.") from exc
-    return LoadedModel(model, (image,), spec, kind, family)
+    return LoadedModel(model, xs, spec, kind, family, given=given is not None)
+
+
+def _to(x: Any, device: torch.device) -> Any:
+    return {k: v.to(device) for k, v in x.items()} if isinstance(x, dict) else x.to(device)
 
 
 def config_family(model: Any) -> ModelFamily:

@@ -80,3 +80,25 @@ def scaled_cnn() -> nn.Module:
         model[1].weight.uniform_(0.2, 1.2)
         model[4].weight.uniform_(0.004, 0.024)
     return model
+
+
+def frames_cnn() -> nn.Module:
+    """A 1-D conv net on raw samples (1 x 1 x L): its input is not an image."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv1d(1, 16, 9, stride=4), nn.BatchNorm1d(16), nn.ReLU(), nn.Conv1d(16, 32, 5, stride=2),
+                         nn.BatchNorm1d(32), nn.ReLU(), nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Linear(32, 8))
+
+
+class _TokenMLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.fc1, self.fc2 = nn.Embedding(16, 32), nn.Linear(32, 64), nn.Linear(64, 16)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(self.emb(ids))))
+
+
+def token_mlp() -> nn.Module:
+    """Token ids in (int64, vocabulary 16), logits out."""
+    torch.manual_seed(0)
+    return _TokenMLP()

@@ -50,6 +50,10 @@ class PlanConfig:
     graph_rewrite: bool = False  # allow rewriting literal channel counts in the traced graph
     uniform_layers: bool = False  # groups with the same role in repeated layers keep equal counts (one config value)
     normalize: Normalize = "none"  # per-group score scaling before the global ranking (see the docstring)
+    # (module pattern, kept counts the architecture accepts): a group holding the output channels of a module that
+    # matches keeps the smallest of these counts at or above what the plan chose (a Hugging Face config that needs
+    # hidden_size % heads == 0 accepts only some KV-head counts); the group's full width is always accepted
+    allowed_widths: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
     def __post_init__(self) -> None:
         check_fields(self, error=PlanError)
@@ -73,6 +77,9 @@ class PlanConfig:
         for pat, r in self.overrides:
             if not 0.0 <= r < 1.0:
                 raise PlanError(f"override ratio for {pat!r} must be in [0, 1), got {r}")
+        for pat, counts in self.allowed_widths:
+            if not counts or any(not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in counts):
+                raise PlanError(f"allowed_widths for {pat!r} must be positive channel counts, got {counts!r}")
 
     @property
     def target(self) -> tuple[Target, float]:

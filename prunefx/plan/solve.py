@@ -15,7 +15,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from prunefx.analysis.graph import DependencyGraph
-from prunefx.analysis.roles import Kind
+from prunefx.analysis.roles import OUT, Kind
 from prunefx.importance import Scores
 from prunefx.plan.config import PlanConfig, PlanError
 from prunefx.plan.cost import CostModel
@@ -52,6 +52,16 @@ def _eligible(
         if p not in used_patterns:
             warnings.warn(f"ignore pattern {p!r} matches no module of a prunable group", stacklevel=3)
     return eligible, skipped
+
+
+def allowed_width(dg: DependencyGraph, gid: int, cfg: PlanConfig, n: int) -> int:
+    """``n`` raised to the smallest count ``cfg.allowed_widths`` accepts for the group (its full width if none)."""
+    outs = dg.groups[gid].modules(OUT)
+    c = dg.groups[gid].channels
+    for pat, counts in cfg.allowed_widths:
+        if any(fnmatch.fnmatchcase(m, pat) for m in outs):
+            return min((k for k in counts if n <= k <= c), default=c)
+    return n
 
 
 def _override(dg: DependencyGraph, gid: int, cfg: PlanConfig) -> float | None:
@@ -95,7 +105,7 @@ def _counts(dg, scores, eligible, cfg, knob: float, ties, latency: LatencyModel 
             n = latency.fast_width(gid, n)
         elif cfg.round_to > 1:
             n = min(c, int(math.ceil(n / cfg.round_to)) * cfg.round_to)
-        counts[gid] = n
+        counts[gid] = allowed_width(dg, gid, cfg, n)
     for gids, _ in ties:  # equal-count ties (chunk halves, uniform layers): the larger count wins
         tied = [g for g in gids if g in counts]
         if len(tied) != len(gids):
@@ -260,7 +270,8 @@ def make_plan(
                               cfg.normalize)
             n_raw = int((scores[gid] > knob).sum())
             if int(m.sum()) != n_raw:
-                why += f"; kept {int(m.sum())} instead of {n_raw} (min_channels / max_ratio / round_to / a tie)"
+                why += (f"; kept {int(m.sum())} instead of {n_raw} "
+                        "(min_channels / max_ratio / round_to / allowed_widths / a tie)")
         else:
             why = f"ratio {(_override(dg, gid, cfg) or knob):.3f}"
         keep = tuple(np.flatnonzero(m).tolist())
@@ -271,6 +282,8 @@ def make_plan(
     target.update(scope=cfg.scope, round_to=cfg.round_to, min_channels=cfg.min_channels, max_ratio=cfg.max_ratio)
     if cfg.uniform_layers:
         target.update(uniform_layers=True)
+    if cfg.allowed_widths:  # only then, as for normalize: plans made before it read the same
+        target["allowed_widths"] = [[pat, list(counts)] for pat, counts in cfg.allowed_widths]
     if cfg.normalize != "none":
         target["normalize"] = cfg.normalize  # only then: plans made before normalisation read the same
     if cfg.graph_rewrite:

@@ -8,11 +8,12 @@ imports nothing from transformers.
     pfx_hf.save_pretrained(result.model, "pruned/")                            # loads with from_pretrained
 """
 
-from prunefx.integrations.transformers.api import prune, stream_patterns
+from prunefx.integrations.transformers.api import ConfigStaleWarning, prune, stream_patterns, update_config
 from prunefx.integrations.transformers.checkpoint import CheckpointTensors, meta_model, prune_checkpoint
 from prunefx.integrations.transformers.pretrained import check_config, derived_config, save_pretrained
 
 __all__ = [
-    "prune", "stream_patterns", "derived_config", "check_config", "save_pretrained", "CheckpointTensors",
+    "prune", "stream_patterns", "update_config", "ConfigStaleWarning",
+    "derived_config", "check_config", "save_pretrained", "CheckpointTensors",
     "meta_model", "prune_checkpoint",
 ]

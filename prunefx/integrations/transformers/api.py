@@ -13,6 +13,8 @@ from torch import nn
 
 from prunefx.api import PruneResult
 from prunefx.api import prune as _prune
+from prunefx.errors import PrunefxError
+from prunefx.integrations.transformers.pretrained import check_config, derived_config, head_widths
 from prunefx.plan import PlanConfig
 
 
@@ -39,8 +41,40 @@ def prune(
     with ``calibration=[input_ids, ...]`` or ``"taylor"`` with ``loss_fn`` use data)."""
     config = config or PlanConfig(ratio=0.3)
     stream = () if hidden else stream_patterns(model)
-    config = replace(config, ignore=(*config.ignore, *stream), uniform_layers=True)
+    # head counts the config can write (Llama: hidden_size % heads == 0), so the user's save_pretrained works
+    config = replace(config, ignore=(*config.ignore, *stream), uniform_layers=True,
+                     allowed_widths=(*config.allowed_widths, *head_widths(model)))
     with warnings.catch_warnings():  # a base model's stream is its output, frozen already: nothing to ignore
         for pattern in stream:
             warnings.filterwarnings("ignore", message=f"ignore pattern {re.escape(repr(pattern))} matches no module")
-        return _prune(model, example_inputs, config, criterion=criterion, **kwargs)
+        result = _prune(model, example_inputs, config, criterion=criterion, **kwargs)
+    said = update_config(result.model)
+    return replace(result, warnings=(*result.warnings, said)) if said else result
+
+
+def update_config(model: nn.Module) -> str | None:
+    """Write the pruned widths into ``model.config`` in place, checked against the modules, so the user's own
+    ``model.save_pretrained(d)`` and ``from_pretrained(d)`` round-trip without prunefx; when the config cannot
+    express them, leave it, warn (ConfigStaleWarning) and return why."""
+    old = getattr(model, "config", None)
+    if old is None or not hasattr(old, "model_type"):
+        return None
+    try:
+        cfg = derived_config(model)
+        bad = check_config(model, cfg)
+    except PrunefxError as exc:
+        bad = [str(exc).split(";")[0]]
+    if bad:
+        message = (f"model.config still holds the unpruned widths: {type(old).__name__} cannot express the pruned "
+                   f"model ({bad[0]}); model.save_pretrained would write a checkpoint that does not load: save with "
+                   "prunefx.save(model, plan, path), or prune with widths the config accepts")
+        warnings.warn(message, ConfigStaleWarning, stacklevel=3)
+        return message
+    for key, value in cfg.to_dict().items():
+        if getattr(old, key, None) != value and key in old.to_dict():
+            setattr(old, key, value)
+    return None
+
+
+class ConfigStaleWarning(UserWarning):
+    """A pruned Hugging Face model's config could not be updated to its widths."""

@@ -107,6 +107,48 @@ def derived_config(model: nn.Module):
     return cfg
 
 
+def head_widths(model: nn.Module) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """``PlanConfig.allowed_widths`` of the attention groups: the KV-head counts the model's config can express.
+
+    A count is kept when the config, given that many heads (query heads in proportion), passes its own
+    validation and, for a family that derives head_dim from hidden_size / heads, still gives the heads' width.
+    """
+    base = getattr(model, "config", None)
+    fields = FIELDS.get(getattr(base, "model_type", None))
+    if fields is None:
+        return ()
+    known: dict[tuple[int, int, int], tuple[int, ...]] = {}
+    out = []
+    for name, m in model.named_modules():
+        layout = layout_of(m)
+        if layout is None:
+            continue
+        heads, kv, hd = attention_widths(m, layout)
+        if (heads, kv, hd) not in known:
+            known[heads, kv, hd] = tuple(k for k in range(1, kv + 1)
+                                         if k == kv or _expressible(base, fields, k * heads // kv, k, hd))
+        out.append((f"{name}.{layout.fused or layout.k}", known[heads, kv, hd]))
+    return tuple(out)
+
+
+def _expressible(base, fields: ConfigFields, heads: int, kv: int, hd: int) -> bool:
+    """Whether ``base`` with ``heads`` query / ``kv`` key-value heads of width ``hd`` is a valid config."""
+    if fields.head_dim is None:  # head_dim = hidden / heads: only the unpruned count keeps the heads' width
+        hidden = getattr(base, fields.hidden)
+        return hidden % heads == 0 and hidden // heads == hd
+    cfg = copy.deepcopy(base)
+    try:
+        setattr(cfg, fields.heads, heads)
+        if fields.kv_heads:
+            setattr(cfg, fields.kv_heads, kv)
+        setattr(cfg, fields.head_dim, hd)
+        if callable(getattr(cfg, "validate", None)):
+            cfg.validate()
+    except Exception:  # noqa: BLE001 - the config class's own rules decide; any refusal means "not this count"
+        return False
+    return True
+
+
 def check_config(model: nn.Module, cfg) -> list[str]:
     """Tensors whose shape a model built from ``cfg`` would not have (empty when ``cfg`` describes ``model``)."""
     try:

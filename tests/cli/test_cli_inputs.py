@@ -1,0 +1,55 @@
+"""--input: analyze, flops and prune a model whose input is not an image; bad text is one error line, exit 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import prunefx
+from prunefx.cli.main import app
+from prunefx.metrics import measure
+
+TESTS = Path(__file__).resolve().parents[1]
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def factories_importable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(TESTS))
+
+
+def test_flops_of_token_ids_equal_the_librarys_count(tmp_path: Path) -> None:
+    import _factories
+
+    out = tmp_path / "flops.json"
+    res = runner.invoke(app, ["flops", "_factories:token_mlp", "--input", "1x128:int64", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    counted = json.loads(out.read_text())
+    ids = torch.zeros(1, 128, dtype=torch.int64)
+    expected = measure(_factories.token_mlp().eval(), (ids,))
+    assert counted["macs"] == expected.macs and counted["params"] == expected.params
+
+
+def test_a_1d_model_is_pruned_and_verified_on_its_own_input_shape(tmp_path: Path) -> None:
+    res = runner.invoke(app, ["prune", "_factories:frames_cnn", "--input", "2x1x1024", "--flops", "0.5",
+                              "--criterion", "l1", "--out", str(tmp_path / "run")])
+    assert res.exit_code == 0, res.output
+    plan = json.loads((tmp_path / "run" / "plan.json").read_text())
+    assert plan["input_shapes"] == [[2, 1, 1024]]
+    pruned = prunefx.load(tmp_path / "run" / "pruned.pt", __import__("_factories").frames_cnn)
+    assert pruned(torch.rand(2, 1, 1024)).shape == (2, 8)
+
+
+def test_bad_input_text_is_one_error_line_with_exit_2() -> None:
+    res = runner.invoke(app, ["analyze", "_factories:frames_cnn", "--input", "1xq"])
+    assert res.exit_code == 2
+    assert res.output.strip().count("\n") == 0 and "1x128:int64" in res.output
+
+
+def test_batch_with_given_inputs_is_refused_naming_the_fix() -> None:
+    res = runner.invoke(app, ["flops", "_factories:frames_cnn", "--input", "1x1x1024", "--batch", "4"])
+    assert res.exit_code == 2 and "give the batch in its shape" in res.output

@@ -86,3 +86,26 @@ def test_a_shift_computed_from_a_channel_count_freezes_those_channels() -> None:
     assert not frozen.prunable and any("used as a value by node 'roll'" in r for r in frozen.reasons)
     literal = the_group(prunefx.analyze(Rolled(False), (torch.randn(2, 3, 6),)), "a")
     assert literal.prunable
+
+
+class SamePadding(nn.Module):
+    """Convs with string padding (HF EfficientNet): torch.export records them as aten.conv2d.padding."""
+
+    def __init__(self, groups: int):
+        super().__init__()
+        self.a = nn.Conv2d(3, 8, 3, padding="same")
+        self.dw = nn.Conv2d(8, 8, 3, padding="same", groups=groups)
+        self.b = nn.Conv2d(8, 4, 1, padding="valid")
+
+    def forward(self, x):
+        return self.b(torch.relu(self.dw(torch.relu(self.a(x)))))
+
+
+@pytest.mark.parametrize("groups", [1, 8])
+def test_string_padding_convs_are_pruned_under_export(groups: int) -> None:
+    torch.manual_seed(0)
+    model, x = SamePadding(groups).eval(), torch.randn(1, 3, 8, 8)
+    dg = prunefx.analyze(model, (x,), capture="export")
+    assert not dg.unknown_ops and the_group(dg, "a").prunable
+    result = prunefx.prune(model, x, prunefx.PlanConfig(ratio=0.5), criterion="l1", capture="export")
+    assert result.verified.ok and result.verified.errors and result.model.a.out_channels < 8

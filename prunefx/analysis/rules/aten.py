@@ -109,7 +109,8 @@ def group_norm(ctx: Ctx) -> Lab:
 
 
 register_rule(aten.batch_norm.default, aten.instance_norm.default)(batch_norm_fn)  # per-channel weight and stats
-register_rule(aten.conv1d.default, aten.conv2d.default, aten.conv3d.default)(conv_fn)
+register_rule(aten.conv1d.default, aten.conv2d.default, aten.conv3d.default,  # .padding: padding="same" or "valid"
+              aten.conv1d.padding, aten.conv2d.padding, aten.conv3d.padding)(conv_fn)
 register_rule(aten.matmul.default, aten.mm.default, aten.bmm.default)(matmul)
 register_rule(aten.scaled_dot_product_attention.default)(sdpa)
 

@@ -1,17 +1,22 @@
 """Plans on trained models: top-1 right after the cut and after one short fine-tune, 2x / 4x fewer MACs, 3 seeds.
 
-    python -m experiments.trained_plans [--quick] [--out experiments/results]
+    python -m experiments.trained_plans [--quick] [--models resnet mobilenet] [--out experiments/results]
+    python -m experiments.trained_plans --combine trained_plans_resnet.csv trained_plans_mobilenet.csv
 
 Two reference CNNs (a ResNet-style net with residual adds and a MobileNetV2-style net with depthwise inverted
 residuals) are trained here on scikit-learn's digits (16x16, 80/20 split by seed) to a plateau (SGD, cosine, 40
 epochs; train loss flat over the last epochs) and cached under ``.cache/experiments/trained_plans/`` keyed by
 model, seed, epochs and ``VERSION``. Each is cut to keep 1/2 and 1/4 of its MACs by prunefx (bn_scale scores:
-raw global threshold, per-group normalised global, local uniform, measured sensitivity; each with and without
-re-fit) and by Torch-Pruning 1.6.1 when it is importable (BNScalePruner and MagnitudePruner, global with its
-mean normalisation and local, the pruning ratio bisected to the same MACs). Kept MACs are counted independently
+raw global threshold, per-group normalised global, local uniform, measured sensitivity; each with no recovery and
+with the least-squares re-fit, whose sensitivity curves are then measured with the re-fit in the loop; raw and
+sensitivity also with BatchNorm recalibration on the calibration batches) and by Torch-Pruning 1.6.1 when it is
+importable (BNScalePruner and MagnitudePruner, global with its mean normalisation and local, the pruning ratio
+bisected to the same MACs). Kept MACs are counted independently
 (torch.utils.flop_counter). Every cut is evaluated on the held-out split before any training and after the same
 3-epoch fine-tune; the control is prunefx's raw-global architecture re-initialised and trained from scratch with
-the baseline's recipe.
+the baseline's recipe. ``--models`` runs some of the models (written as ``trained_plans_<models>``, so two
+processes can share the work); ``--combine`` writes ``trained_plans.csv`` / ``.md`` from such CSVs, each run's
+machine line read from the ``.md`` beside its CSV, running nothing.
 """
 
 from __future__ import annotations
@@ -31,12 +36,14 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import prunefx
 from experiments import _table as table
+from prunefx.train.bn_recalibration import recalibrate_bn
 
 VERSION = 1  # bump when a model, the data or the recipe changes: cached weights are keyed by it
 CACHE = table.ROOT / ".cache" / "experiments" / "trained_plans"
 TARGETS = {"2x": 0.5, "4x": 0.25}
 CALIBRATION = 8  # batches of 32 training images for sensitivity and re-fit
-FIELDS = ["model", "seed", "target", "method", "refit", "macs_kept", "baseline", "cut", "finetuned", "seconds"]
+RECOVERY = ("none", "refit", "bn-recal")  # after the cut, before any training: none, least-squares re-fit, BN stats
+FIELDS = ["model", "seed", "target", "method", "recovery", "macs_kept", "baseline", "cut", "finetuned", "seconds"]
 
 
 def data(seed: int) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
@@ -154,14 +161,19 @@ def macs(model: nn.Module, x: torch.Tensor) -> float:
     return counter.get_total_flops() / 2
 
 
-def _prunefx(model: nn.Module, x: torch.Tensor, keep: float, method: str, refit: bool, calibration) -> None:
+def _prunefx(model: nn.Module, x: torch.Tensor, keep: float, method: str, recovery: str, calibration) -> nn.Module:
+    """``model`` cut by prunefx (in place; the module to use is returned), then recovered as ``recovery`` says."""
     scope = {"raw": "global", "normalized": "global", "local": "local", "sensitivity": "sensitivity"}[method]
     cfg = prunefx.PlanConfig(flops=keep, scope=scope, normalize="mean" if method == "normalized" else "none",
                              ignore=("fc",))
+    refit = recovery == "refit"  # with scope="sensitivity", prune() then measures the curves re-fit included
     needs = refit or scope == "sensitivity"
     r = prunefx.prune(model, x, cfg, criterion="bn_scale", refit=refit, sensitivity_cache=None,
                       calibration=calibration if needs else None)
     assert r.verified is not None and r.verified.ok, r.verified
+    if recovery == "bn-recal":
+        recalibrate_bn(r.model, calibration)
+    return r.model
 
 
 def _torch_pruning(model: nn.Module, x: torch.Tensor, keep: float, method: str) -> nn.Module:
@@ -206,13 +218,25 @@ def main(argv: list[str] | None = None) -> Path:
     ap.add_argument("--quick", action="store_true", help="1 model, 1 seed, 2x only, 3 epochs (smoke test)")
     ap.add_argument("--out", type=Path, default=table.RESULTS)
     ap.add_argument("--cache", type=Path, default=CACHE, help="where trained baselines are kept")
+    ap.add_argument("--no-train", action="store_true",
+                    help="cuts only: no fine-tune (its column left empty) and no scratch control")
+    ap.add_argument("--models", nargs="+", choices=tuple(MODELS), help="only these models (default: all)")
+    ap.add_argument("--combine", nargs="+", type=Path, metavar="CSV",
+                    help="write trained_plans.csv/.md from these runs' CSVs (run nothing)")
     args = ap.parse_args(argv)
     seeds, epochs, ft = ((0,), 3, 1) if args.quick else ((0, 1, 2), 40, 3)
-    names = ("resnet",) if args.quick else tuple(MODELS)
+    if args.combine:
+        rows = [r for path in args.combine for r in table.read_csv(path)]
+        seeds = tuple(sorted({r["seed"] for r in rows}))
+        machines = [f"{_machine_line(path.with_suffix('.md'))} ({path.stem})" for path in args.combine]
+        table.write_csv(rows, args.out / "trained_plans.csv", FIELDS, digits=4)
+        return _markdown(rows, args, seeds, epochs, ft, "trained_plans", machines)
+    names = ("resnet",) if args.quick else tuple(args.models or MODELS)
     targets = {"2x": 0.5} if args.quick else TARGETS
-    ours = [(m, r) for m in ("raw", "normalized", "local", "sensitivity") for r in (False, True)]
+    ours = [(m, r) for m in ("raw", "normalized", "local", "sensitivity") for r in ("none", "refit")]
+    ours += [("raw", "bn-recal"), ("sensitivity", "bn-recal")]
     if args.quick:
-        ours = [("raw", False), ("normalized", False), ("sensitivity", True)]
+        ours = [("raw", "none"), ("normalized", "none"), ("sensitivity", "refit"), ("raw", "bn-recal")]
     theirs = ["tp_bn_global", "tp_bn_local", "tp_l2_global", "tp_l2_local"]
     if args.quick or importlib.util.find_spec("torch_pruning") is None:
         theirs = []
@@ -229,29 +253,43 @@ def main(argv: list[str] | None = None) -> Path:
             full, base_top1 = macs(base, x[:1]), top1(base, test_set)
             for tname, keep in targets.items():
                 cuts = {}
-                for method, refit in [*ours, *((t, False) for t in theirs)]:
+                for method, recovery in [*ours, *((t, "none") for t in theirs)]:
                     m = copy.deepcopy(base)
                     start = time.perf_counter()
                     if method.startswith("tp_"):
                         m = _torch_pruning(m, x, keep, method)
                     else:
-                        _prunefx(m, x, keep, method, refit, calibration)
+                        m = _prunefx(m, x, keep, method, recovery, calibration)
                     seconds = time.perf_counter() - start
                     cut_top1 = top1(m, test_set)
-                    cuts[(method, refit)] = m
-                    tuned = copy.deepcopy(m)
-                    fit(tuned, train_set, ft, 0.01, seed)
-                    rows.append({"model": name, "seed": seed, "target": tname, "method": method, "refit": refit,
+                    cuts[(method, recovery)] = m
+                    tuned = None if args.no_train else copy.deepcopy(m)
+                    if tuned is not None:
+                        fit(tuned, train_set, ft, 0.01, seed)
+                    rows.append({"model": name, "seed": seed, "target": tname, "method": method, "recovery": recovery,
                                  "macs_kept": macs(m, x[:1]) / full, "baseline": base_top1, "cut": cut_top1,
-                                 "finetuned": top1(tuned, test_set), "seconds": seconds})
+                                 "finetuned": None if tuned is None else top1(tuned, test_set), "seconds": seconds})
                     print(rows[-1], flush=True)
-                scratch = _scratch(cuts[("raw", False)], train_set, epochs, seed)
-                rows.append({"model": name, "seed": seed, "target": tname, "method": "scratch", "refit": False,
+                if args.no_train:
+                    continue
+                scratch = _scratch(cuts[("raw", "none")], train_set, epochs, seed)
+                rows.append({"model": name, "seed": seed, "target": tname, "method": "scratch", "recovery": "none",
                              "macs_kept": macs(scratch, x[:1]) / full, "baseline": base_top1, "cut": None,
                              "finetuned": top1(scratch, test_set), "seconds": None})
-    stem = "trained_plans_quick" if args.quick else "trained_plans"
+    stem = ("trained_plans_quick" if args.quick else "trained_plans" if set(names) == set(MODELS) else
+            "trained_plans_" + "_".join(names))
     table.write_csv(rows, args.out / f"{stem}.csv", FIELDS, digits=4)
-    return _markdown(rows, args, seeds, epochs, ft, stem)
+    return _markdown(rows, args, seeds, epochs, ft, stem, [_machine(table.machine_info(threads=1))])
+
+
+def _machine(info: dict[str, str]) -> str:
+    return "Machine: " + ", ".join(f"{k} {v}" for k, v in info.items())
+
+
+def _machine_line(md: Path) -> str:
+    """The machine line a run wrote into its table, or a line saying it is missing."""
+    lines = [line for line in md.read_text().splitlines() if line.startswith("Machine: ")] if md.is_file() else []
+    return lines[0] if lines else f"Machine: not recorded ({md.name} missing)"
 
 
 def _cell(values: list[float]) -> str:
@@ -262,29 +300,38 @@ def _cell(values: list[float]) -> str:
     return f"{statistics.mean(values):.1%}{spread}"
 
 
-def _markdown(rows: list[dict], args, seeds, epochs: int, ft: int, stem: str) -> Path:
-    info = table.machine_info(threads=1)
+def _markdown(rows: list[dict], args, seeds, epochs: int, ft: int, stem: str, machines: list[str]) -> Path:
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    command = (" --quick" if args.quick else "") + (" --no-train" if args.no_train else "") + (
+        f" --models {' '.join(args.models)}" if args.models else "")
     lines = [
         "# Plans on trained models: top-1 right after the cut and after a short fine-tune", "",
-        f"Command: `python -m experiments.trained_plans{' --quick' if args.quick else ''}`. Digits 16x16, 80/20 "
+        f"Command: `python -m experiments.trained_plans{command}`"
+        f"{' (one run per model, combined)' if args.combine else ''}; models {models}. Digits 16x16, 80/20 "
         f"split per seed, seeds {list(seeds)}; baselines trained {epochs} epochs (SGD 0.05, cosine), fine-tune "
         f"{ft} epochs (SGD 0.01, cosine); bn_scale scores; mean ± stdev over seeds. Torch-Pruning 1.6.1's ratio "
         "bisected to the same MACs (counted by torch.utils.flop_counter); scratch: prunefx's raw-global "
-        "architecture trained from scratch with the baseline's recipe.", "",
-        "Machine: " + ", ".join(f"{k} {v}" for k, v in info.items()), "",
-        "| model | target | method | re-fit | MACs kept | baseline | right after the cut | after fine-tune | s |",
+        "architecture trained from scratch with the baseline's recipe. Recovery, before any training: refit = "
+        "least-squares re-fit of the layers reading pruned channels (sensitivity curves then measured with it); "
+        "bn-recal = BatchNorm running statistics re-estimated on the calibration batches "
+        f"({CALIBRATION} x 32 training images, the same for sensitivity and re-fit). s: median seconds of the cut "
+        "and its recovery." + (" --no-train: no fine-tune and no scratch control were run (that column is empty)."
+                               if args.no_train else ""), "",
+        *[line for m in machines for line in (m, "")],
+        "| model | target | method | recovery | MACs kept | baseline | right after the cut | after fine-tune | s |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    keys = list(dict.fromkeys((r["model"], r["target"], r["method"], r["refit"]) for r in rows))
-    for model, target, method, refit in keys:
-        sel = [r for r in rows if (r["model"], r["target"], r["method"], r["refit"]) == (model, target, method, refit)]
+    keys = list(dict.fromkeys((r["model"], r["target"], r["method"], r["recovery"]) for r in rows))
+    for model, target, method, recovery in keys:
+        sel = [r for r in rows
+               if (r["model"], r["target"], r["method"], r["recovery"]) == (model, target, method, recovery)]
         secs = [r["seconds"] for r in sel if r["seconds"] is not None]
         lines.append(
-            f"| {model} | {target} | {method} | {'yes' if refit else 'no'} | "
+            f"| {model} | {target} | {method} | {recovery} | "
             f"{statistics.mean(r['macs_kept'] for r in sel):.3f} | {_cell([r['baseline'] for r in sel])} | "
             f"{_cell([r['cut'] for r in sel])} | {_cell([r['finetuned'] for r in sel])} | "
             f"{statistics.median(secs):.1f} |" if secs else
-            f"| {model} | {target} | {method} | no | {statistics.mean(r['macs_kept'] for r in sel):.3f} | "
+            f"| {model} | {target} | {method} | none | {statistics.mean(r['macs_kept'] for r in sel):.3f} | "
             f"{_cell([r['baseline'] for r in sel])} | | {_cell([r['finetuned'] for r in sel])} | |"
         )
     path = args.out / f"{stem}.md"

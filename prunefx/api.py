@@ -149,10 +149,10 @@ def prune(
     scores = score(model, dg, criterion, **({"calibration": calibration} if calibration is not None else {}),
                    **score_kwargs)
     curves = None
-    if config.scope == "sensitivity":  # damage measured as the cut will be made (compensated or not)
+    if config.scope == "sensitivity":  # damage measured as the cut will be made (compensated, re-fitted or neither)
         curves = measure_sensitivity(
             model, dg, scores, calibration, loss_fn=score_kwargs.get("loss_fn"), compensate_bias=compensated,
-            config=config, example_inputs=example_inputs, cache=sensitivity_cache,
+            config=config, example_inputs=example_inputs, cache=sensitivity_cache, refit=refit_inputs is not None,
         )
     cost = CostModel(model, dg, example_inputs) if check or config.target[0] in ("flops", "params") else None
     latency, outcome = None, None

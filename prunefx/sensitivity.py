@@ -5,18 +5,27 @@
 
 For every eligible group (the groups ``make_plan`` would plan) and every keep fraction, a copy of the model is
 pruned with only that group (and the partners an equal-count tie binds it to) cut, its lowest-scored channels
-removed, biases compensated as ``prunefx.prune`` does for the criterion, and run on the calibration batches in
-evaluation mode. The damage is ``||y_pruned - y|| / ||y||`` over every output leaf of every batch (leaves whose
+removed, biases compensated as ``prunefx.prune`` does for the criterion (or, with ``refit=True``, the layers that
+read the cut channels re-fitted by :func:`prunefx.transform.refit` on the calibration batches, as
+``prunefx.prune(..., refit=True)`` will do after the real cut), and run on the calibration batches in evaluation
+mode. The damage is ``||y_pruned - y|| / ||y||`` over every output leaf of every batch (leaves whose
 shape the cut changes, pruned free outputs, are not compared), or with ``loss_fn`` the increase of the mean loss.
 
 **Cost.** One reference pass over the batches, then per measured unit (a group, or a tie set) and fraction one
 pass over the batches plus one for the bias compensation's means: ``units x fractions x (batches + 1) + batches``
-forwards, and a deep copy of the model per unit and fraction. ``SensitivityCurves.forwards`` records it.
+forwards, and a deep copy of the model per unit and fraction. With ``refit=True`` there is no compensation pass;
+instead the re-fit runs the unpruned model once over the batches for its targets and the pruned copy once per
+re-fitted layer (each pass stopped right after that layer, counted as a whole pass), and solves two small
+least-squares systems per layer and conv group (the held-out check and the final fit):
+``units x fractions x (2 + L) x batches + batches`` forwards, L the layers reading the unit's channels (1 to 3 in a
+CNN), and ``units x fractions x 2 L`` solves. ``SensitivityCurves.forwards`` records the forwards.
+Damage with the re-fit is measured on the batches it was fitted on, as the cut's own re-fit is.
 
 **Cache.** The curves are stored as JSON under ``$PRUNEFX_CACHE_DIR/sensitivity`` (default
 ``.cache/sensitivity`` in the working directory; the latency table's convention), one file per key: the analysis
 fingerprint, a hash of the state_dict, of the calibration tensors and of the scores, the fractions, the criterion,
-the loss function's name and whether biases are compensated. The same key again (re-planning to another target)
+the loss function's name, whether biases are compensated and whether (with which ridge, rows and holdout) the
+layers are re-fitted. The same key again (re-planning to another target)
 runs no forward; groups the file lacks (another config's eligible groups) are measured and added to it.
 """
 
@@ -45,6 +54,8 @@ from prunefx.plan import GroupPlan, PlanConfig, PlanError, PruningPlan
 from prunefx.plan.sensitivity import GroupCurve, SensitivityCurves
 from prunefx.plan.solve import _eligible, _keep
 from prunefx.transform import apply_plan, compensate, owned_modules
+from prunefx.transform import refit as refit_layers
+from prunefx.transform.refit import DEFAULT_HOLDOUT, DEFAULT_MAX_ROWS, DEFAULT_RIDGE
 
 DEFAULT_FRACTIONS = (0.75, 0.5, 0.25)
 
@@ -92,6 +103,7 @@ def measure(
     config: PlanConfig | None = None,
     example_inputs: Sequence[Any] | None = None,
     cache: str | os.PathLike[str] | None = "default",
+    refit: bool = False,
 ) -> SensitivityCurves:
     """Damage curves of every group ``make_plan(dg, scores, config)`` would plan (see the module for how and cost).
 
@@ -100,7 +112,9 @@ def measure(
     the criterion's registration, as ``prunefx.prune``), their means taken on ``example_inputs`` (default: the
     first calibration batch; ``prunefx.prune`` passes its example input). ``config``: which groups are eligible
     (ignore, min_channels, graph_rewrite; default ``PlanConfig()``). ``cache``: "default"
-    (:func:`default_cache_dir`), a folder, or None (not cached). ``model`` is never modified.
+    (:func:`default_cache_dir`), a folder, or None (not cached). ``refit``: re-fit the layers reading each cut
+    group before measuring (``prunefx.prune(..., refit=True)``'s recovery; it replaces bias compensation, so
+    ``compensate_bias`` must not be True). ``model`` is never modified.
     """
     start = time.perf_counter()
     criterion, values = (scores.criterion, scores.values) if isinstance(scores, Scores) else ("custom", scores)
@@ -109,7 +123,10 @@ def measure(
         raise PlanError(f"fractions are keep fractions in (0, 1), e.g. (0.75, 0.5, 0.25); got {tuple(fractions)}")
     batches = calibration_batches(calibration, loss_fn)
     cfg = config or PlanConfig()
-    compensated = compensates(criterion) if compensate_bias is None else compensate_bias
+    if refit and compensate_bias:
+        raise PlanError("refit=True replaces bias compensation (it re-solves each bias); leave compensate_bias "
+                        "unset or False")
+    compensated = not refit and (compensates(criterion) if compensate_bias is None else compensate_bias)
     comp_inputs = tuple(example_inputs) if example_inputs is not None else batches[0][0]
     with warnings.catch_warnings():  # make_plan warns about unused ignore patterns; once is enough
         warnings.simplefilter("ignore")
@@ -117,7 +134,7 @@ def measure(
     missing = [g for g in eligible if g not in values or len(values[g]) != dg.groups[g].channels]
     if missing:
         raise PlanError(f"scores missing or of wrong length for groups {missing[:5]}")
-    key = _key(model, dg, batches, fr, criterion, values, loss_fn, compensated)
+    key = _key(model, dg, batches, fr, criterion, values, loss_fn, compensated, refit)
     path = _cache_path(cache, dg, key)
     have = _load(path, key)
     units = [u for u in _units(dg, eligible) if have is None or any(have.get(g) is None for g in u)]
@@ -142,8 +159,14 @@ def measure(
                 compensate(work, work_dg, plan, comp_inputs)
                 forwards += 1
             pruned = apply_plan(work, work_dg, plan, graph_rewrite=cfg.graph_rewrite)
+            calls: list[int] = []  # the pruned copy's forwards: the re-fit's per-layer passes and the measurement's
+            counter = pruned.register_forward_pre_hook(lambda *_, calls=calls: calls.append(1))
+            if refit:
+                refit_layers(model, pruned, work_dg, plan, [inputs for inputs, _ in batches])
+                forwards += len(batches)  # the unpruned model's pass for the re-fit's targets
             damage.append(_damage(reference, _run(pruned, batches, loss_fn), loss_fn is not None))
-            forwards += len(batches)
+            counter.remove()
+            forwards += len(calls)
         share = len(unit)  # a tie set measured together: each member carries an equal share of its damage
         for g in unit:
             measured.append(GroupCurve(
@@ -152,7 +175,7 @@ def measure(
             ))
     curves = SensitivityCurves(
         tuple(sorted(measured, key=lambda x: x.group)), "loss_increase" if loss_fn is not None else
-        "relative_output_error", key, dg.fingerprint(), len(batches), time.perf_counter() - start,
+        "relative_output_error", key, dg.fingerprint(), len(batches), time.perf_counter() - start, refit,
     )
     if have is not None:
         curves = curves.merged(have)
@@ -244,10 +267,12 @@ def _hash_value(h: Any, x: Any) -> None:
         h.update(repr(x).encode())
 
 
-def _key(model, dg, batches, fractions, criterion, values, loss_fn, compensated) -> str:
+def _key(model, dg, batches, fractions, criterion, values, loss_fn, compensated, refit) -> str:
     """sha256 of everything the curves depend on (see the module's Cache)."""
     h = hashlib.sha256()
     h.update(f"{dg.fingerprint()}|{fractions}|{criterion}|{compensated}|".encode())
+    if refit:  # only then: keys of curves measured without a re-fit stay what they were
+        h.update(f"refit|{DEFAULT_RIDGE}|{DEFAULT_MAX_ROWS}|{DEFAULT_HOLDOUT}|".encode())
     h.update(getattr(loss_fn, "__qualname__", repr(loss_fn)).encode())
     for name, t in model.state_dict().items():
         h.update(name.encode())

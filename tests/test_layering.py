@@ -32,14 +32,15 @@ ALLOWED: dict[str, set[str]] = {
     "data": set(),
     "train": {"analysis", "data"},
     "zoo": set(),
+    "inputs": set(),  # example inputs from text (--input shapes with dtypes, tensor files)
     "family": {"checkpoint", "onnx_export", "plan"},  # how a model's library saves, exports and costs it
     "integrations": CORE | {"metrics", "train", "data", "report", "view", "integrations", "onnx_export", "family"},
-    "spec": CORE | {"integrations", "metrics", "family"},
+    "spec": CORE | {"integrations", "metrics", "family", "inputs"},
     "pipeline": CORE
     | {"metrics", "report", "view", "train", "data", "integrations", "spec", "zoo", "family", "__init__"},
     "cli": CORE
     | {"metrics", "report", "view", "train", "data", "integrations", "spec", "zoo", "pipeline", "onnx_export", "family",
-       "__init__"},
+       "inputs", "__init__"},
     "__init__": CORE | {"integrations"},
 }
 UNITS = set(ALLOWED) | BASE

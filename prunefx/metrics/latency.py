@@ -8,6 +8,10 @@ Models compared are timed in alternating rounds (base, pruned, pruned, base, ...
 machine hits all of them rather than the one that happened to be running. The machine's load average is read
 before and after; a timing whose spread or load makes it unreliable carries a ``noise`` reason
 ("noisy: load 5.1 on 2 cores") that reports print instead of a change they cannot vouch for.
+
+``max_seconds`` bounds the wall time: timing stops after the round that reaches it (never before the first),
+whichever comes first of it and ``rounds``; the result then says so (``cut_short``, fewer ``rounds`` and
+``repeats``). ``progress(done, total)`` is called after every round.
 """
 
 from __future__ import annotations
@@ -57,10 +61,11 @@ class Latency:
     torch_version: str
     backend: str = "torch"
     deployed: str = ""  # what ran: "BatchNorm folded (52 of 52)", "as is", "ONNX Runtime's own"
-    rounds: int = 1  # alternating rounds the repeats were spread over
+    rounds: int = 1  # alternating rounds the repeats were spread over (taken: fewer when max_seconds cut it short)
     load_avg: float | None = None  # highest 1-min load average seen before / after timing (None: unknown)
     cpu_count: int | None = None
     noise: str | None = None  # why this timing is unreliable, or None
+    cut_short: str | None = None  # the wall-time bound stopped timing early: how many rounds of how many, or None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict of every field."""
@@ -85,14 +90,19 @@ def _load() -> float | None:
 
 
 def time_runs(
-    runs: Mapping[str, Callable[[], Any]], *, warmup: int, repeats: int, rounds: int, budget_s: float | None = None
+    runs: Mapping[str, Callable[[], Any]], *, warmup: int, repeats: int, rounds: int, budget_s: float | None = None,
+    max_seconds: float | None = None, on_round: Callable[[int, int], None] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> dict[str, list[float]]:
     """Milliseconds of ``repeats`` calls of each run, spread over ``rounds`` alternating rounds (after ``warmup``).
 
     Round r visits the runs in order when r is even and in reverse when odd, so none is always first.
     ``budget_s``: fewer repeats (never fewer than ``rounds``) when the slowest warm-up call says ``repeats``
-    calls of it would take longer than this.
+    calls of it would take longer than this. ``max_seconds``: no round starts once ``clock`` says this much
+    time has passed since the call (warm-up included); the first round always runs. ``on_round(done, rounds)``
+    runs after every round.
     """
+    began = clock()
     names = list(runs)
     samples: dict[str, list[float]] = {n: [] for n in names}
     slowest = 0.0
@@ -114,10 +124,21 @@ def time_runs(
                     start = time.perf_counter()
                     run()
                     out.append((time.perf_counter() - start) * 1e3)
+            if on_round is not None:
+                on_round(r + 1, rounds)
+            if max_seconds is not None and clock() - began >= max_seconds:
+                break
     finally:
         if gc_was_enabled:
             gc.enable()
     return samples
+
+
+def cut_short_note(taken: int, rounds: int, max_seconds: float | None) -> str | None:
+    """Why a timing has fewer rounds than asked ("stopped at the 60 s bound after 2 of 6 rounds"), or None."""
+    if taken >= rounds or max_seconds is None:
+        return None
+    return f"stopped at the {max_seconds:g} s bound after {taken} of {rounds} rounds"
 
 
 def _summary(samples: list[float], warmup: int, rounds: int, dep: Deployment, deployed: str, load, cores) -> Latency:
@@ -141,13 +162,16 @@ def compare_latency(
     rounds: int = 6,
     channels_last: bool = False,
     budget_s: float | None = None,
+    max_seconds: float | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Latency]:
     """Time every model in ``models`` on ``deployment`` in ``rounds`` alternating rounds; one Latency per name.
 
     Each model runs ``repeats`` timed forwards in all (``repeats / rounds`` per round) after ``warmup`` untimed
     ones (fewer, never under ``rounds``, when that would take a model more than ``budget_s`` seconds). Each
     result records the threads, rounds, load average and core count once, and a ``noise`` reason when the
-    timing is unreliable.
+    timing is unreliable. ``max_seconds`` stops timing after the round that reaches it (the result's
+    ``cut_short`` says so); ``progress(rounds done, rounds)`` is called after every round.
     """
     if not models:
         raise MetricsError("compare_latency() needs at least one model")
@@ -155,6 +179,16 @@ def compare_latency(
         check_model(model, "compare_latency")
     if warmup < 0 or repeats < 1 or rounds < 1:
         raise MetricsError(f"need warmup >= 0, repeats >= 1 and rounds >= 1, got {warmup}, {repeats}, {rounds}.")
+    if max_seconds is not None and not max_seconds > 0:
+        raise MetricsError(f"max_seconds must be positive (or None: no bound), got {max_seconds}.")
+    rounds = min(rounds, repeats)
+    taken = [0]
+
+    def on_round(done: int, total: int) -> None:
+        taken[0] = done
+        if progress is not None:
+            progress(done, total)
+
     dep = (deployment or Deployment()).resolve(example_inputs)
     args = as_args(example_inputs)
     cores = os.cpu_count()
@@ -164,16 +198,18 @@ def compare_latency(
         previous = torch.get_num_threads()
         torch.set_num_threads(dep.threads)
         try:
-            samples = time_runs(runs, warmup=warmup, repeats=repeats, rounds=min(rounds, repeats), budget_s=budget_s)
+            samples = time_runs(runs, warmup=warmup, repeats=repeats, rounds=rounds, budget_s=budget_s,
+                                max_seconds=max_seconds, on_round=on_round)
         finally:
             torch.set_num_threads(previous)
         deployed = {n: r.deployed for n, r in runs.items()}
     loads.append(_load())
     load = None if None in loads else max(loads)
     out = {}
+    cut = cut_short_note(taken[0], rounds, max_seconds)
     for name in models:
-        lat = _summary(samples[name], warmup, min(rounds, repeats), dep, deployed[name], load, cores)
-        out[name] = replace(lat, channels_last=channels_last)
+        lat = _summary(samples[name], warmup, taken[0], dep, deployed[name], load, cores)
+        out[name] = replace(lat, channels_last=channels_last, cut_short=cut)
     return out
 
 

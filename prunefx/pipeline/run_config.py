@@ -172,6 +172,8 @@ class PruneSpec:
     refit: bool = False  # least-squares re-fit of the layers that read pruned channels, on calibration batches
     verify: bool = True  # the oracle: the pruned model equals the masked original
     latency: bool = True  # time the models for the report
+    # the report's latency timing stops after the round that passes this many seconds (or after all its rounds)
+    latency_max_s: float = 120.0
     steps: int = 1  # cuts that reach the target, re-scoring between them (prunefx.prune(steps=))
 
     def __post_init__(self) -> None:
@@ -182,6 +184,8 @@ class PruneSpec:
         if self.refit and self.bias_compensation:
             raise ConfigError("prune.refit replaces bias compensation (it re-solves each bias); leave "
                               "prune.bias_compensation unset or false")
+        if isinstance(self.latency_max_s, bool) or not self.latency_max_s > 0:
+            raise ConfigError(f"prune.latency_max_s must be a positive number of seconds, got {self.latency_max_s}")
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
             raise ConfigError(f"prune.steps must be >= 1 (the number of cuts that reach the target), got {self.steps}")
 

@@ -33,6 +33,7 @@ from prunefx.analysis import DependencyGraph
 from prunefx.errors import PrunefxError, ScoreScaleWarning, TiedScoresWarning
 from prunefx.metrics import Deployment
 from prunefx.pipeline.diagnose import score_warnings, sparsity_warnings
+from prunefx.pipeline.progress import JobProgress
 from prunefx.pipeline.records import (
     BaselineDone,
     ControlRun,
@@ -57,6 +58,7 @@ from prunefx.pipeline.rundir import RunDir
 from prunefx.plan import PlanConfig, PruningPlan
 from prunefx.plan.config import TARGETS
 from prunefx.train.distributed import DistContext
+from prunefx.train.loop import listening_to_epochs
 from prunefx.train.sparsity import SparsityConfig, sparsity_stats
 
 STAGES = ("baseline", "sparsity", "prune", "finetune", "controls", "report")
@@ -234,10 +236,14 @@ def execute(job: Job, backend: Backend, run: RunDir | None, *, log: Callable[[st
     done = set(dist.broadcast(list(run.state["stages"]) if dist.is_main else None))
     log = log if dist.is_main else (lambda _msg: None)
     backend.root = root
-    ctx = _Ctx(job, backend, run, root, log)
+    n = len(job.stages)
+    progress = None
+    if dist.is_main:
+        plan = [(i, s, stage_epochs(job, backend, s)) for i, s in enumerate(job.stages, 1) if s not in done]
+        progress = JobProgress.start(plan, n, log, latency_s=job.prune.latency_max_s if job.prune.latency else 0.0)
+    ctx = _Ctx(job, backend, run, root, log, progress)
     stages = {"baseline": _baseline, "sparsity": _sparsity, "prune": _prune, "finetune": _finetune,
               "controls": _controls, "report": _report}
-    n = len(job.stages)
     name: str | None = None
     try:
         for i, name in enumerate(job.stages, 1):
@@ -246,12 +252,15 @@ def execute(job: Job, backend: Backend, run: RunDir | None, *, log: Callable[[st
                 continue
             log(f"[{i}/{n}] {name}")
             if dist.is_main:
-                with run.stage(name) as info:
+                assert progress is not None
+                progress.stage_started(name)
+                with run.stage(name) as info, listening_to_epochs(progress.epoch_ended):
                     record = stages[name](ctx)
                     info.update(to_state(record))
                 for warning in warnings_of(record):
                     log(f"  warning: {warning}")
                 log(f"[{i}/{n}] {name} finished in {info['seconds']:.0f} s")
+                progress.stage_finished(name, info["seconds"])
             elif name in _EVERY_RANK:
                 stages[name](ctx)
             dist.barrier()  # rank 0's files of this stage exist before any rank starts the next
@@ -266,6 +275,20 @@ def execute(job: Job, backend: Backend, run: RunDir | None, *, log: Callable[[st
     return run
 
 
+def stage_epochs(job: Job, backend: Backend, stage: str) -> int:
+    """The epochs ``stage`` trains in ``job`` (the job progress's plan; 0 for a stage that trains nothing)."""
+    spec = job.prune
+    if stage == "baseline":
+        return 0 if backend.checkpoint is not None else backend.baseline_epochs
+    if stage == "sparsity":
+        return spec.sparsity.epochs
+    if stage == "finetune":
+        return spec.finetune.epochs
+    if stage == "controls":
+        return sum(epochs for _, _, epochs in control_runs(spec, backend.baseline_epochs))
+    return 0
+
+
 @dataclass
 class _Ctx:
     job: Job
@@ -273,6 +296,7 @@ class _Ctx:
     run: RunDir | None  # rank 0 only
     root: Path
     log: Callable[[str], None]
+    progress: JobProgress | None = None  # rank 0 only
 
     def done(self, stage: str) -> Record | None:
         """The record of ``stage`` if it finished (in rank 0; other ranks: None)."""
@@ -529,7 +553,11 @@ def _report(ctx: _Ctx) -> ReportDone:
         roles["finetuned"] = ("finetuned", "finetune")
     models = {name: b.load(role).cpu().eval() for name, (role, _) in roles.items()}
     # The stages are timed in alternating rounds, so a slow spell of the machine hits them all alike.
-    timed = compare_latency(models, x, b.deployment()) if spec.latency else {}
+    timed = compare_latency(models, x, b.deployment(), max_seconds=spec.latency_max_s,
+                            progress=ctx.progress.latency_round if ctx.progress else None) if spec.latency else {}
+    cut = next((t.cut_short for t in timed.values() if t.cut_short), None)
+    if cut:
+        ctx.log(f"  latency: {cut} (prune.latency_max_s); the report's timings rest on fewer repeats")
     stages = {name: Stage(measure(m, x), timed.get(name),
                           {**ctx.metrics(roles[name][1]), **b.extra_costs(m)})
               for name, m in models.items()}
@@ -547,6 +575,8 @@ def _report(ctx: _Ctx) -> ReportDone:
         **({"sparsity": {"metrics": to_dict(sparse.metrics) if sparse else None,
                          "gammas": to_dict(sparse.gammas) if sparse else None}}
            if "sparsity" in ctx.job.stages else {}),
+        **({"latency_timing": {"max_seconds": spec.latency_max_s, "rounds": next(iter(timed.values())).rounds,
+                               "cut_short": cut}} if timed else {}),
         **({"latency_target": to_dict(pr.latency_target)} if pr.latency_target else {}),
         **({"refit": dict(pr.refit)} if pr.refit else {}),  # calibration error before/after, per layer
         **({"sensitivity": dict(pr.sensitivity)} if pr.sensitivity else {}),  # per-group damage curves, plotted
@@ -563,4 +593,4 @@ def _report(ctx: _Ctx) -> ReportDone:
 
 
 __all__ = ["NARROW_TOLERANCE", "ONE_SHOT", "STAGES", "Backend", "Job", "Trained", "check_target", "control_runs",
-           "execute", "narrow_model", "nothing_to_prune", "open_run", "preflight", "resume_hint"]
+           "execute", "narrow_model", "nothing_to_prune", "open_run", "preflight", "resume_hint", "stage_epochs"]

@@ -47,6 +47,7 @@ from prunefx.metrics.latency_table import LatencyTable, LayerCase
 from prunefx.metrics.layer_cases import per_channel, resized, timed
 from prunefx.passes import foldable
 from prunefx.plan.config import PlanConfig, PlanError
+from prunefx.plan.greedy import next_jump
 from prunefx.plan.plan import PruningPlan
 
 MAX_POINTS = 16  # candidate widths per group at most (the quantum doubles until the group fits)
@@ -348,20 +349,10 @@ def latency_widths(
         return cache[unit]
 
     while now > target + 1e-12:
-        best = finish = None  # best: least loss per ms saved; finish: least loss among jumps that reach the goal
-        for u in units:
-            for loss, saved, w in options(u):
-                if saved <= 1e-12:
-                    continue
-                if best is None or loss / saved < best[0]:
-                    best = (loss / saved, u, w, saved)
-                if saved >= now - target and (finish is None or loss < finish[0]):
-                    finish = (loss, u, w, saved)
-        if best is None:
+        jump = next_jump(units, options, now, target)
+        if jump is None:
             break  # no lower width saves anything: the goal is out of reach
-        if finish is not None and finish[0] <= best[0] * best[3]:
-            best = (0.0, finish[1], finish[2], finish[3])
-        _, unit, w, _ = best
+        unit, w, _ = jump
         for g in unit:
             widths[g] = w
         now = model.predict(widths)

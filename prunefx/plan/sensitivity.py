@@ -5,7 +5,8 @@
 
 **The curves.** For each eligible group, the model is pruned with only that group (and the partners an
 equal-count tie binds it to) cut to a few keep fractions, lowest-scored channels first, and its outputs on
-calibration batches are compared with the unpruned ones: the damage is the relative output error
+calibration batches are compared with the unpruned ones (with ``refit``, after re-fitting the layers that read
+the cut channels, as the cut's own re-fit will): the damage is the relative output error
 ``||y_pruned - y|| / ||y||`` (or the increase of the user's loss). A group's damage at any width is read off its
 curve by linear interpolation, with keep 1.0 at damage 0; below the smallest measured fraction the last segment's
 slope carries on (never falling). Groups measured together (a tie) share their measured damage equally, so a tie
@@ -35,7 +36,9 @@ import numpy as np
 
 from prunefx.analysis.graph import DependencyGraph
 from prunefx.plan.config import PlanConfig, PlanError
+from prunefx.plan.greedy import next_jump
 from prunefx.plan.latency import lowest_width
+from prunefx.plan.widths import allowed_width
 
 SCHEMA = "prunefx.sensitivity/1"
 MAX_STEPS = 32  # candidate widths per unit at most: the step grows (in multiples of round_to) until it fits
@@ -77,6 +80,7 @@ class SensitivityCurves:
     fingerprint: str  # the analysis (DependencyGraph.fingerprint) they were measured on
     reference_forwards: int = 0  # forwards of the unpruned model on the calibration batches
     seconds: float = 0.0  # wall time of the measurement (0 when read from the cache)
+    refit: bool = False  # measured with the layers reading each cut group re-fitted (prunefx.prune's refit=True)
 
     @property
     def forwards(self) -> int:
@@ -94,7 +98,7 @@ class SensitivityCurves:
         extra = tuple(c for c in other.curves if c.group not in have)
         return SensitivityCurves(
             tuple(sorted((*self.curves, *extra), key=lambda c: c.group)), self.metric, self.key, self.fingerprint,
-            max(self.reference_forwards, other.reference_forwards), self.seconds + other.seconds,
+            max(self.reference_forwards, other.reference_forwards), self.seconds + other.seconds, self.refit,
         )
 
     def to_dict(self) -> dict:
@@ -116,7 +120,7 @@ class SensitivityCurves:
             for c in d["curves"]
         )
         return SensitivityCurves(curves, str(d["metric"]), str(d["key"]), str(d["fingerprint"]),
-                                 int(d["reference_forwards"]), float(d["seconds"]))
+                                 int(d["reference_forwards"]), float(d["seconds"]), bool(d.get("refit", False)))
 
     @staticmethod
     def from_json(text: str) -> SensitivityCurves:
@@ -199,7 +203,8 @@ def allocate(
         if grid is None:
             step = 1 if cfg.round_to == "auto" else int(cfg.round_to)
             grid = candidate_widths(c, lowest_width(c, cfg), step)
-        options_of[u] = sorted(int(w) for w in grid if w < c)
+        # only widths PlanConfig.allowed_widths accepts (a config's legal head counts): the greedy steps between them
+        options_of[u] = sorted(int(w) for w in grid if w < c and allowed_width(dg, u[0], cfg, int(w)) == w)
     movable = [u for u in options_of if options_of[u]]
 
     curve_of = {g: curves.get(g) for g in eligible}
@@ -226,24 +231,14 @@ def allocate(
         return cache[u]
 
     while now > goal + 1e-12:
-        best = finish = None  # best: least damage per unit saved; finish: least damage among jumps reaching the goal
-        for u in movable:
-            for added, saved, w in jumps(u):
-                if saved <= 1e-12:
-                    continue
-                if best is None or added / saved < best[0]:
-                    best = (added / saved, u, w, saved)
-                if saved >= now - goal - 1e-12 and (finish is None or added < finish[0]):
-                    finish = (added, u, w, saved)
-        if best is None:
+        jump = next_jump(movable, jumps, now, goal)
+        if jump is None:
             raise PlanError(
                 f"{target} cannot be met with scope='sensitivity': with every eligible group at its lowest "
                 f"candidate width the plan still keeps {now:.3f} (it must keep at most {goal:.3f}); allow deeper "
                 "cuts (raise max_ratio, lower min_channels or round_to, fewer ignore patterns) or ask for a smaller cut"
             )
-        if finish is not None and finish[0] <= best[0] * best[3]:
-            best = (0.0, finish[1], finish[2], finish[3])
-        _, unit, w, saved = best
+        unit, w, saved = jump
         for g in unit:
             widths[g] = w
         now -= saved

@@ -15,13 +15,14 @@ from collections.abc import Mapping
 import numpy as np
 
 from prunefx.analysis.graph import DependencyGraph
-from prunefx.analysis.roles import OUT, Kind
+from prunefx.analysis.roles import Kind
 from prunefx.importance import Scores
 from prunefx.plan.config import PlanConfig, PlanError
 from prunefx.plan.cost import CostModel
 from prunefx.plan.latency import LatencyModel, latency_widths, lowest_width
 from prunefx.plan.plan import GroupPlan, PruningPlan
 from prunefx.plan.sensitivity import SensitivityCurves, allocate, candidate_widths
+from prunefx.plan.widths import allowed_width
 
 
 def _eligible(
@@ -52,16 +53,6 @@ def _eligible(
         if p not in used_patterns:
             warnings.warn(f"ignore pattern {p!r} matches no module of a prunable group", stacklevel=3)
     return eligible, skipped
-
-
-def allowed_width(dg: DependencyGraph, gid: int, cfg: PlanConfig, n: int) -> int:
-    """``n`` raised to the smallest count ``cfg.allowed_widths`` accepts for the group (its full width if none)."""
-    outs = dg.groups[gid].modules(OUT)
-    c = dg.groups[gid].channels
-    for pat, counts in cfg.allowed_widths:
-        if any(fnmatch.fnmatchcase(m, pat) for m in outs):
-            return min((k for k in counts if n <= k <= c), default=c)
-    return n
 
 
 def _override(dg: DependencyGraph, gid: int, cfg: PlanConfig) -> float | None:

@@ -4,6 +4,7 @@
 >>> fit(model, data.train, TrainConfig(epochs=10), val=data.val, checkpoint=Path("last.pt"))
 """
 
+from prunefx.train.bn_recalibration import Recalibration, recalibrate_bn
 from prunefx.train.distill import DistillConfig
 from prunefx.train.distributed import DistContext, DistributedError, init_from_env, spawn
 from prunefx.train.loop import FitResult, Metrics, TrainConfig, TrainError, evaluate, fit
@@ -17,6 +18,6 @@ from prunefx.train.sparsity import (
     sparsity_stats,
 )
 
-__all__ = ["BNSparsity", "DistContext", "DistillConfig", "DistributedError", "FitResult", "Metrics", "Schedule",
-           "SparsityConfig", "TargetSparsity", "TrainConfig", "TrainError", "evaluate", "fit", "fraction_below",
-           "init_from_env", "residual_bns", "sparsity_stats", "spawn"]
+__all__ = ["BNSparsity", "DistContext", "DistillConfig", "DistributedError", "FitResult", "Metrics", "Recalibration",
+           "Schedule", "SparsityConfig", "TargetSparsity", "TrainConfig", "TrainError", "evaluate", "fit",
+           "fraction_below", "init_from_env", "recalibrate_bn", "residual_bns", "sparsity_stats", "spawn"]

@@ -12,9 +12,11 @@ from an epoch checkpoint continues exactly as the uninterrupted run would have.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -32,6 +34,26 @@ from prunefx.train.distributed import LOCAL, DistContext
 from prunefx.train.sparsity import BNSparsity, SparsityConfig, sparsity_stats
 
 TRAIN_FORMAT = "prunefx.trainstate/1"
+# Whoever runs a training without calling it (a pipeline's job progress) hears of its epoch ends here:
+# fit and the ultralytics trainer's callback both call epoch_ended.
+_EPOCH_LISTENER: ContextVar[Callable[[int, int], None] | None] = ContextVar("prunefx_epoch_listener", default=None)
+
+
+@contextlib.contextmanager
+def listening_to_epochs(listener: Callable[[int, int], None]) -> Iterator[None]:
+    """Within the block, every finished training epoch calls ``listener(epoch, epochs)`` (1-based epoch)."""
+    token = _EPOCH_LISTENER.set(listener)
+    try:
+        yield
+    finally:
+        _EPOCH_LISTENER.reset(token)
+
+
+def epoch_ended(epoch: int, epochs: int) -> None:
+    """Tell the listener of :func:`listening_to_epochs`, if any, that epoch ``epoch`` of ``epochs`` finished."""
+    listener = _EPOCH_LISTENER.get()
+    if listener is not None:
+        listener(epoch, epochs)
 
 
 class TrainError(PrunefxError):
@@ -213,7 +235,8 @@ def fit(model: nn.Module, train: Dataset, cfg: TrainConfig, *, val: Dataset | No
 
     ``checkpoint``: after every epoch rank 0 writes the full training state there (atomically); if the file
     exists when called, training continues after its last epoch. ``on_epoch(epoch, row)`` runs after each
-    epoch's checkpoint (tests use it to interrupt a run). ``teacher``: a frozen model whose logits the loss
+    epoch's checkpoint (tests use it to interrupt a run); rank 0 also tells the listener of
+    :func:`listening_to_epochs` (a pipeline's job progress). ``teacher``: a frozen model whose logits the loss
     distils (``distill``, default :class:`DistillConfig`); every rank runs its own copy.
     """
     if teacher is not None:
@@ -256,6 +279,8 @@ def fit(model: nn.Module, train: Dataset, cfg: TrainConfig, *, val: Dataset | No
                                   checkpoint)
             log(f"  epoch {epoch + 1}/{cfg.epochs}: loss {row['loss']:.4f}"
                 + (f", val top-1 {row['val_top1']:.4f}" if "val_top1" in row else "") + f", lr {row['lr']:.2e}")
+            if dist.is_main:
+                epoch_ended(epoch + 1, cfg.epochs)
             if on_epoch is not None:
                 on_epoch(epoch, row)
     finally:

@@ -1,5 +1,5 @@
-"""experiments/trained_plans.py --quick: every method cuts the trained model to the MACs asked, and the table has
-one row per method with the numbers of the CSV."""
+"""experiments/trained_plans.py --quick: every method cuts the trained model to the MACs asked, the table has one
+row per method with the numbers of the CSV, and --combine writes the same table from the CSV."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from experiments import trained_plans
 def test_quick_run_cuts_every_method_to_the_target(tmp_path) -> None:
     md = trained_plans.main(["--quick", "--out", str(tmp_path), "--cache", str(tmp_path / "cache")])
     rows = table.read_csv(tmp_path / "trained_plans_quick.csv")
-    assert [(r["method"], r["refit"]) for r in rows] == [
-        ("raw", "False"), ("normalized", "False"), ("sensitivity", "True"), ("scratch", "False")]
+    assert [(r["method"], r["recovery"]) for r in rows] == [
+        ("raw", "none"), ("normalized", "none"), ("sensitivity", "refit"), ("raw", "bn-recal"), ("scratch", "none")]
     for r in rows:
         # MACs counted by torch's flop counter, independently of prunefx's cost model
         assert r["macs_kept"] == pytest.approx(0.5, abs=0.03), r
@@ -25,3 +25,10 @@ def test_quick_run_cuts_every_method_to_the_target(tmp_path) -> None:
     lines = [line for line in md.read_text().splitlines() if line.startswith("| resnet")]
     assert len(lines) == len(rows)
     assert f"{rows[2]['cut']:.1%}" in lines[2]
+    # --combine: the same rows, and the run's machine line, in trained_plans.csv / .md; nothing is run again
+    combined = trained_plans.main(["--combine", str(tmp_path / "trained_plans_quick.csv"), "--quick",
+                                   "--out", str(tmp_path / "all")])
+    assert table.read_csv(tmp_path / "all" / "trained_plans.csv") == rows
+    machine = [line for line in md.read_text().splitlines() if line.startswith("Machine: ")]
+    assert len(machine) == 1 and f"{machine[0]} (trained_plans_quick)" in combined.read_text().splitlines()
+    assert [line for line in combined.read_text().splitlines() if line.startswith("| resnet")] == lines

@@ -47,3 +47,11 @@ def test_a_global_plan_with_even_counts_only_equals_round_to_2() -> None:
 def test_counts_must_be_positive_integers(bad) -> None:
     with pytest.raises(PlanError, match=r"allowed_widths(\[0\]\[1\]\[0\] must be an integer| for .0. must be)"):
         prunefx.PlanConfig(allowed_widths=(("0", bad),))
+
+
+def test_the_sensitivity_allocation_steps_only_between_accepted_widths() -> None:
+    x = torch.randn(4, 3, 4, 4)
+    config = prunefx.PlanConfig(params=0.6, scope="sensitivity", allowed_widths=(("*", (2, 4, 8)),))
+    result = prunefx.prune(_model(), x, config, criterion="l1", calibration=[x])
+    assert result.verified.ok
+    assert {gp.after for gp in result.plan.groups} <= {2, 4, 8}

@@ -24,6 +24,7 @@ from prunefx.errors import PrunefxError
 from prunefx.integrations.ultralytics.distill import DetectDistillLoss
 from prunefx.integrations.ultralytics.io import load_yolo
 from prunefx.train.distill import DistillConfig
+from prunefx.train.loop import epoch_ended
 from prunefx.train.sparsity import BNSparsity, SparsityConfig, sparsity_stats
 
 
@@ -133,11 +134,20 @@ def train_yolo(
         trainer.model = model.float().train()
     if hooks is not None:
         hooks.register(trainer)
+    # after validation and the checkpoint: the epoch's bars are closed, so a job progress line prints cleanly
+    trainer.add_callback("on_fit_epoch_end", _fit_epoch_ended)
     trainer.train()
     best, last = Path(trainer.best), Path(trainer.last)
     if not last.is_file():
         raise PrunefxError(f"ultralytics training finished without writing {last}")
     return (best if best.is_file() else last), last
+
+
+def _fit_epoch_ended(trainer: Any) -> None:
+    """Report the trainer's finished epoch to whoever listens (``prunefx.train.loop.listening_to_epochs``)."""
+    # a module-level function: DDP workers unpickle callbacks by reference, and hear no listener there
+    if trainer.epoch < trainer.epochs:  # final_eval runs this callback once more, at epoch epochs + 1
+        epoch_ended(trainer.epoch + 1, trainer.epochs)
 
 
 def param_count(model: nn.Module) -> int:

@@ -51,6 +51,16 @@ class Node:
     code: str | None
     chan: tuple[tuple[int, int], ...]  # (group id or -1 for fixed, positions) runs along its channels
     kept: int | None = None  # with a plan: positions that stay
+    module: str = ""  # path of the block (module call) it runs in; "": the top level
+
+
+@dataclass(frozen=True)
+class Module:
+    """A block of the collapsed view: one module call, inside its parent's block."""
+
+    path: str
+    type: str
+    parent: int  # index of the enclosing block (an earlier one), -1 at the top
 
 
 @dataclass(frozen=True)
@@ -124,6 +134,7 @@ class Graph:
     auto_leaves: dict[str, str]  # module -> why it was traced as a leaf
     unknown_ops: dict[str, str]  # node -> op without a rule
     plan: Plan | None
+    modules: tuple[Module, ...] = ()  # the module hierarchy; absent in graphs written before it
 
     def __post_init__(self) -> None:
         if self.schema != GRAPH_SCHEMA:
@@ -145,6 +156,16 @@ class Graph:
                                  f"in a graph {'with' if self.plan is not None else 'without'} a plan")
             if node.kept is not None and not 0 <= node.kept <= sum(c for _, c in node.chan):
                 raise GraphError(f"nodes[{i}].kept: {node.kept} is not between 0 and the node's channels")
+        paths = [m.path for m in self.modules]
+        if len(set(paths)) != len(paths) or "" in paths:
+            raise GraphError("modules: every block needs a distinct, non-empty path")
+        for k, m in enumerate(self.modules):
+            if not -1 <= m.parent < k:
+                raise GraphError(f"modules[{k}].parent: {m.parent} is not -1 or an earlier block")
+        known_paths = set(paths)
+        for i, node in enumerate(self.nodes):
+            if node.module and node.module not in known_paths:
+                raise GraphError(f"nodes[{i}].module: {node.module!r} is not the path of a block in modules")
         for k, g in enumerate(self.groups):
             indices = [*g.nodes, *(i for m in g.members for i in m.node)]
             if any(not 0 <= i < n for i in indices):

@@ -14,13 +14,21 @@ Schema ``prunefx.graph/1``::
      "nodes": [{"name", "op", "target", "type", "label": str, "shape": str | null,
                 "src": "file:line" | null, "code": str | null,          # the model line that made the node
                 "chan": [[group id, positions]],                          # runs along its labelled dims; -1: fixed
-                "kept": int}],                                            # with a plan: positions that stay
+                "kept": int,                                              # with a plan: positions that stay
+                "module": str}],                                          # the block it runs in ("" at the top)
      "edges": [[source, target]],                                         # node indices, one per input
      "groups": [{...analyze --json group without "positions", "label": str, "nodes": [int],
                  "members": [{..., "node": [int]}],                       # the nodes drawing each member
                  "plan": {"before", "after", "why"} | absent, "skipped": str | absent}],
      "ties": [{"groups": [int], "why": str}], "auto_leaves": {module: reason}, "unknown_ops": {node: op},
-     "plan": {"summary", "criterion", "target", "estimate"} | null}
+     "plan": {"summary", "criterion", "target", "estimate"} | null,
+     "modules": [{"path": str, "type": str, "parent": int}]}              # the blocks, parents first; -1: top
+
+A node's block is the innermost module call it ran in (``nn_module_stack``, which fx's tracer and torch.export
+both record; a call_module node sits in its caller's block). A module called from several places (ultralytics'
+one shared SiLU) is one block per call: its path gets the call index, ``model.0.act@3``, as torch numbers calls,
+and a call_module node of it is labelled with its caller (``model.0.act@3 in model.2.cv1``). A parameter read by
+a get_attr node (torch.export's weights) sits in its module's block, so ``q_proj`` finds its weight and its ops.
 
 A frozen reason is counted under its text up to `` (node ...``, the node that caused it, so that
 "model output" or "no rule for torch.einsum" groups all its occurrences.
@@ -138,6 +146,42 @@ def _source(node) -> tuple[str | None, str | None]:
     return f"{file}:{line}", code
 
 
+def _blocks(nodes: list) -> tuple[list[str], list[dict[str, Any]], dict[str, int]]:
+    """Per node the path of its block, the blocks (parents first) and the number of calls of each module target."""
+    blocks: dict[tuple[str, ...], dict[str, Any]] = {}  # chain of nn_module_stack keys -> block
+    by_name: dict[str, str] = {}  # module path -> its first block's path (where a parameter's reader sits)
+    where, calls, taken = [], {}, set()
+    for node in nodes:
+        # torch.export's stack starts with the root module (path ""): it is the top level, not a block
+        stack = [(k, v) for k, v in (node.meta.get("nn_module_stack") or {}).items() if v[0]]
+        if node.op == "call_module":
+            calls[node.target] = calls.get(node.target, 0) + 1
+            if stack and stack[-1][1][0] == node.target:  # its own entry: the node is the call, not inside it
+                stack = stack[:-1]
+        parent = ""
+        for depth in range(len(stack)):
+            chain = tuple(key for key, _ in stack[: depth + 1])
+            if chain not in blocks:
+                key, (name, kind) = stack[depth]
+                # A key is the module's path, with "@k" from the second call on: the block of that call.
+                path = f"{name}@{key.rsplit('@', 1)[1]}" if "@" in key else str(name)
+                while path in taken:  # the same call path under another parent (a module reached twice)
+                    path += "'"
+                taken.add(path)
+                type_name = kind if isinstance(kind, str) else getattr(kind, "__name__", str(kind))
+                blocks[chain] = {"path": path, "type": type_name.rsplit(".", 1)[-1], "parent": parent}
+                by_name.setdefault(str(name), path)
+            parent = blocks[chain]["path"]
+        where.append(parent)
+    for i, node in enumerate(nodes):
+        if node.op == "get_attr" and not where[i]:
+            where[i] = by_name.get(str(node.target).rsplit(".", 1)[0], "")
+    order = list(blocks.values())
+    index = {b["path"]: k for k, b in enumerate(order)}
+    out = [{"path": b["path"], "type": b["type"], "parent": index[b["parent"]] if b["parent"] else -1} for b in order]
+    return where, out, calls
+
+
 def graph_data(dg: DependencyGraph, plan: PruningPlan | None = None) -> dict[str, Any]:
     """Everything the HTML view draws (schema in this module's docstring), with ``plan``'s decisions when given."""
     nodes = list(dg.gm.graph.nodes)
@@ -151,12 +195,17 @@ def graph_data(dg: DependencyGraph, plan: PruningPlan | None = None) -> dict[str
             mask[list(gp.keep)] = True
             keep[gp.group] = mask
 
+    where, blocks, calls = _blocks(nodes)
     out_nodes = []
     by_module: dict[str, list[int]] = {}
     by_attr: dict[str, list[int]] = {}
     by_name: dict[str, list[int]] = {}
     for i, node in enumerate(nodes):
         target, kind, label = _describe(node, modules)
+        if node.op == "call_module" and calls[target] > 1:  # a shared module: which call this is, from where
+            own = (node.meta.get("nn_module_stack") or {}).keys()
+            key = next(reversed(own), target) if own else target
+            label = f"{key if '@' in key else target + '@0'} in {where[i] or 'the model'}"
         if node.op == "call_module":
             by_module.setdefault(target, []).append(i)
         elif node.op == "get_attr":
@@ -167,7 +216,8 @@ def graph_data(dg: DependencyGraph, plan: PruningPlan | None = None) -> dict[str
         gid, rank = cmap.lookup(atoms)
         src, code = _source(node)
         record = {"name": node.name, "op": node.op, "target": target, "type": kind, "label": label,
-                  "shape": _shape(node.meta.get(VALUE_KEY)), "src": src, "code": code, "chan": _runs(gid)}
+                  "shape": _shape(node.meta.get(VALUE_KEY)), "src": src, "code": code, "chan": _runs(gid),
+                  "module": where[i]}
         if plan is not None:
             kept = gid < 0
             for g in np.unique(gid[gid >= 0]).tolist():
@@ -228,5 +278,6 @@ def graph_data(dg: DependencyGraph, plan: PruningPlan | None = None) -> dict[str
         "unknown_ops": dict(dg.unknown_ops),
         "plan": None if plan is None else {"summary": plan.summary(), "criterion": plan.criterion,
                                            "target": plan.target, "estimate": plan.estimate},
+        "modules": blocks,
     }
 

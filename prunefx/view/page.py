@@ -5,8 +5,10 @@
 The CSS, the script and the data are inline and nothing is fetched, so the page opens from disk (file://)
 in any browser, offline. Its Content-Security-Policy (``csp``) lets only that script and that style run: nothing
 remote, no inline handler, no other script, so a run directory's graph.json cannot bring code into the page.
-The layout is computed here (``graph_layout``); the script only draws it and handles selection, search, filter,
-zoom and pan, which keeps graphs of 1,000+ nodes quick. This module takes plain data
+The layout of the whole graph is computed here (``prunefx.view.layout``), which keeps graphs of 1,000+ nodes
+quick when every block is expanded; the page opens with the module blocks collapsed (``graph.modules``) and lays
+out such a view itself with the same layered scheme, then handles selection, search, filter, zoom and pan.
+This module takes plain data
 (``prunefx.view.graph_data``) and imports nothing else from prunefx.
 """
 
@@ -68,7 +70,7 @@ def _short(label: str) -> str:
 
 
 def _layout_data(graph: Mapping[str, Any], kept: bool) -> dict[str, Any]:
-    """Box texts and widths, then the layered layout, as the script reads them (``kept``: room for 'k/n')."""
+    """Box texts and widths (``kept``: room for 'k/n'), the layout of the whole graph, the metrics of block boxes."""
     texts, widths = [], []
     for n in graph["nodes"]:
         text = _short(n["label"])
@@ -79,10 +81,11 @@ def _layout_data(graph: Mapping[str, Any], kept: bool) -> dict[str, Any]:
         texts.append(text)
         widths.append(round(max(44.0, chars * _CHAR_PX + 16), 1))
     inputs = [i for i, n in enumerate(graph["nodes"]) if n["op"] == "placeholder"]
-    lay = layout(widths, [tuple(e) for e in graph["edges"]], inputs)
+    lay = layout(widths, [tuple(e) for e in graph["edges"]], inputs)  # every block expanded: drawn as it is
     return {
         "x": lay.x, "y": lay.y, "w": widths, "text": texts, "node_height": lay.node_height,
         "width": lay.width, "height": lay.height, "edges": lay.edges, "trunks": lay.trunks,
+        "char_px": _CHAR_PX, "max_label": _MAX_LABEL,
     }
 
 

@@ -28,7 +28,8 @@ PAYLOAD = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</scrip
 # is typed (an id, a count, an index, a flag, an fx op, a member kind, the schema) and the loader refuses markup.
 TEXT = {
     "model", "nodes[].name", "nodes[].target", "nodes[].type", "nodes[].label", "nodes[].shape", "nodes[].src",
-    "nodes[].code", "groups[].reasons[]", "groups[].constraints[]", "groups[].inexact_reasons[]",
+    "nodes[].code", "modules[].path", "modules[].type", "groups[].reasons[]", "groups[].constraints[]",
+    "groups[].inexact_reasons[]",
     "groups[].members[].name", "groups[].members[].role", "groups[].members[].type", "groups[].members[].slices",
     "groups[].label", "groups[].plan.why", "groups[].skipped", "ties[].why", "auto_leaves.*", "unknown_ops.*",
     "plan.summary", "plan.criterion", "plan.target.*",
@@ -47,7 +48,9 @@ class Toy(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.a, self.bn, self.b = nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.Conv2d(8, 8, 3)
-        self.c, self.d, self.e, self.gate = nn.Conv2d(4, 8, 1), nn.Conv2d(16, 6, 1), nn.Conv2d(6, 4, 1), Gate()
+        # e sits in a Sequential: the graph has a module block (graph.modules) and a node inside it
+        self.c, self.d, self.gate = nn.Conv2d(4, 8, 1), nn.Conv2d(16, 6, 1), Gate()
+        self.e = nn.Sequential(nn.Conv2d(6, 4, 1))
 
     def forward(self, x):
         p, q = self.b(self.bn(self.a(x))).chunk(2, 1)  # the halves are tied
@@ -116,5 +119,19 @@ def map_text(data: Any, fn: Callable[[str], str], path: tuple = ()) -> Any:
     if isinstance(data, list):
         return [map_text(v, fn, (*path, i)) for i, v in enumerate(data)]
     if isinstance(data, str) and field(path) not in NOT_TEXT:
-        return fn(data)
+        # A node's module is a reference to a block's path, refused when it names none (so not in TEXT), and
+        # mapped like the paths it names; "" (the top level) names no block.
+        return data if field(path) == "nodes[].module" and not data else fn(data)
     return data
+
+
+def planted(data: dict, path: tuple, value: Any) -> dict:
+    """``with_value``, except that a block's path is renamed everywhere (its nodes name it): text, like a label."""
+    if field(path) != "modules[].path":
+        return with_value(data, path, value)
+    out = with_value(data, path, value)
+    old = data["modules"][path[1]]["path"]
+    for node in out["nodes"]:
+        if node["module"] == old:
+            node["module"] = value
+    return out

@@ -11,7 +11,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from _hostile_graph import NOT_TEXT, PAYLOAD, TEXT, field, leaves, sample_run, where, with_value
+from _hostile_graph import NOT_TEXT, PAYLOAD, TEXT, field, leaves, planted, sample_run, where
 
 from prunefx.errors import PrunefxError
 from prunefx.report import groups_html, load_graph, report_html
@@ -37,7 +37,7 @@ def test_markup_in_any_typed_field_of_a_planted_graph_json_is_refused(sample, tm
             continue
         seen.add(field(path))
         try:
-            load_graph(_plant(tmp_path, with_value(graph, path, PAYLOAD)))
+            load_graph(_plant(tmp_path, planted(graph, path, PAYLOAD)))
         except PrunefxError as exc:
             named = "schema" if path == ("schema",) else where(path)
             assert named in str(exc), (named, str(exc))  # the message names the field
@@ -58,6 +58,10 @@ def test_markup_in_any_typed_field_of_a_planted_graph_json_is_refused(sample, tm
     pytest.param(lambda g: g["groups"][1].update(id=g["groups"][0]["id"]), "distinct", id="duplicate group id"),
     pytest.param(lambda g: g["summary"].update(nodes=1), "summary.nodes", id="summary that does not count"),
     pytest.param(lambda g: g["nodes"][1].update(kept=10**6), "nodes[1].kept", id="more kept than there are"),
+    pytest.param(lambda g: g["nodes"][1].update(module="no.such.block"), "nodes[1].module", id="node in no block"),
+    pytest.param(lambda g: g["modules"][0].update(parent=len(g["modules"])), "modules[0].parent",
+                 id="block inside a later block"),
+    pytest.param(lambda g: g["modules"].append(dict(g["modules"][0])), "distinct", id="two blocks, one path"),
     pytest.param(lambda g: g["nodes"][1].pop("kept"), "nodes[1].kept", id="kept missing beside a plan"),
     pytest.param(lambda g: g["groups"][0].update(onclick="x"), "onclick", id="unknown key"),
     pytest.param(lambda g: g["groups"][0].pop("members"), "members", id="missing key"),

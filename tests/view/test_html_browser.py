@@ -70,6 +70,12 @@ def js(driver, script: str, *args):
     return driver.execute_script(script, *args)
 
 
+def expand_all(driver) -> None:
+    """Open every module block (the page loads collapsed): one box per node, as the analysis has them."""
+    n = js(driver, "return window.prunefxView.expandAll()")
+    assert js(driver, "return document.querySelectorAll('#nodes g.n').length") == n
+
+
 def click_node(driver, name: str) -> None:
     """Bring the node (a module or an fx node name) into view as a user would scroll to it, then click its box."""
     i = js(driver, "return window.prunefxView.reveal(arguments[0])", name)
@@ -154,12 +160,14 @@ def test_summary_bar_equals_the_json(browser, pages, name: str) -> None:
         for key in dict.fromkeys(r.split(" (node")[0] for r in g["reasons"]):
             expected[key] = expected.get(key, 0) + 1
     assert reasons == expected
-    assert js(browser, "return document.querySelectorAll('#nodes g.n').length") == d["nodes"]
+    expand_all(browser)
+    assert js(browser, "return document.querySelectorAll('#nodes g.n:not(.blk)').length") == d["nodes"]
 
 
 def test_click_resnet_layer1_0_conv1_shows_its_group_and_lights_its_members(browser, pages) -> None:
     dg, path = pages["resnet18"]
     open_page(browser, path)
+    expand_all(browser)  # its group reaches into other blocks: each member lit as itself
     click_node(browser, "layer1.0.conv1")
     assert browser.find_element(By.CSS_SELECTOR, "#panel .node-name").text == "layer1.0.conv1"
     out = dg.group_of("layer1.0.conv1")
@@ -177,6 +185,7 @@ def test_click_resnet_layer1_0_conv1_shows_its_group_and_lights_its_members(brow
 def test_click_yolov8n_model_2_cv1_conv_shows_both_chunk_groups(browser, pages) -> None:
     dg, path = pages["yolov8n"]
     open_page(browser, path)
+    expand_all(browser)  # the members sit in several blocks: each lit as itself, not as its block
     click_node(browser, "model.2.cv1.conv")
     halves = dg.groups_of("model.2.cv1.conv")  # C2f: cv1's output is chunked into two groups of equal count
     cards = panel_groups(browser)
@@ -223,6 +232,7 @@ def test_search_finds_a_module_and_brings_it_into_view(browser, pages) -> None:
 def test_filter_by_reason_and_zoom(browser, pages) -> None:
     dg, path = pages["yolov8n"]
     open_page(browser, path)
+    expand_all(browser)
     browser.find_element(By.CSS_SELECTOR, '.chip.reason[data-reason="model output"]').click()
     # Expected: the nodes whose output channels, or the groups they are a member of, are frozen as model outputs.
     data = graph_data(dg)
@@ -277,6 +287,7 @@ def test_a_large_graph_draws_every_node_and_edge(browser, tmp_path: Path, name: 
     path = tmp_path / f"{name}.html"
     to_html(dg, path=path)
     open_page(browser, path)
+    expand_all(browser)
     data = graph_data(dg)
     shown = js(browser, "return [...document.querySelectorAll('#nodes g.n')].map((g) => g.dataset.name)")
     assert shown == [n["target"] for n in data["nodes"]] and len(shown) == len(dg.gm.graph.nodes) > 700
@@ -377,3 +388,142 @@ def test_markup_in_number_fields_runs_nothing_even_past_the_loader(browser, tmp_
     chips = js(browser, "return [...document.querySelectorAll('[data-summary]')].map((e) => e.textContent)")
     assert chips and set(chips) == {"NaN"}  # not a number, shown as one: NaN
 
+
+
+# ---- the collapsed view: one box per module call, expanded on click; search by module path
+
+def _tiny_llama():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=64)
+    return transformers.LlamaForCausalLM(cfg).eval(), (torch.randint(0, 64, (1, 8)),), "export"
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory) -> dict[str, tuple[dict, Path]]:
+    """graph_data and page of DenseNet-121 (64x64), a tiny Llama (torch.export) and YOLOv8s (no weights)."""
+    out = tmp_path_factory.mktemp("zoo")
+    yolo = load_spec("ultralytics:yolov8s.yaml", imgsz=64)
+    models = {"densenet121": (torchvision.models.densenet121(), (torch.randn(1, 3, 64, 64),), "fx"),
+              "llama": _tiny_llama(), "yolov8s": (yolo.model, yolo.example_inputs, "fx")}
+    pages = {}
+    for name, (model, inputs, capture) in models.items():
+        dg = prunefx.analyze(model, inputs, capture=capture)
+        to_html(dg, path=out / f"{name}.html")
+        pages[name] = (graph_data(dg), out / f"{name}.html")
+    return pages
+
+
+def shown(driver) -> list[dict]:
+    """The boxes drawn: a block (path, nodes inside) or a node (its index)."""
+    return js(driver, """return [...document.querySelectorAll('#nodes g.n')].map((g) => g.dataset.b !== undefined
+        ? {block: g.dataset.name, count: +g.querySelector('.count').textContent} : {node: +g.dataset.i});""")
+
+
+def _inside(data: dict, path: str) -> list[int]:
+    """Indices of the nodes in block ``path`` and its sub-blocks."""
+    under = {path} | {b["path"] for b in data["modules"] if b["path"].startswith(path + ".")}
+    return [i for i, n in enumerate(data["nodes"]) if n["module"] in under and _within(data, n["module"], path)]
+
+
+def _within(data: dict, module: str, path: str) -> bool:
+    index = {b["path"]: k for k, b in enumerate(data["modules"])}
+    k = index[module]
+    while k >= 0:
+        if data["modules"][k]["path"] == path:
+            return True
+        k = data["modules"][k]["parent"]
+    return False
+
+
+def _children(data: dict, path: str) -> tuple[set[str], set[int]]:
+    """The direct sub-blocks and the direct nodes of block ``path``."""
+    k = next(j for j, b in enumerate(data["modules"]) if b["path"] == path)
+    return ({b["path"] for b in data["modules"] if b["parent"] == k},
+            {i for i, n in enumerate(data["nodes"]) if n["module"] == path})
+
+
+@pytest.mark.parametrize("name,block", [("densenet121", "features.denseblock1"), ("llama", "model.layers.0.self_attn"),
+                                        ("yolov8s", "model.3")])
+def test_the_collapsed_view_shows_a_few_blocks_and_expands_one_into_its_children(browser, zoo, name, block,
+                                                                                  tmp_path: Path) -> None:
+    data, path = zoo[name]
+    open_page(browser, path)
+    boxes = shown(browser)
+    blocks = [b for b in boxes if "block" in b]
+    print(f"{name}: {len(data['nodes'])} nodes, {len(boxes)} boxes at load, {len(blocks)} blocks")
+    assert 2 <= len(blocks) < 40 and len(boxes) <= 60 and len(boxes) < len(data["nodes"]) / 3
+    assert block in {b["block"] for b in blocks}
+    if name == "llama":  # the export's 37 mask and position ops of LlamaModel: one box, not 37
+        assert "model (ops before its sub-modules)" in {b["block"] for b in blocks}
+    # Every node is drawn exactly once, as itself or inside the block box that holds it.
+    assert sum(b["count"] for b in blocks) + sum(1 for b in boxes if "node" in b) == len(data["nodes"])
+    modules = {b["path"] for b in data["modules"]}
+    for b in blocks:  # a module's block holds its nodes; a fold box, a module's ops that precede its sub-modules
+        if b["block"] in modules:
+            assert b["count"] == len(_inside(data, b["block"]))
+        else:
+            assert b["block"].endswith("(ops before its sub-modules)") and b["count"] > 8
+    out = Path(SCREENSHOTS) if SCREENSHOTS else tmp_path
+    out.mkdir(parents=True, exist_ok=True)
+    browser.save_screenshot(str(out / f"collapsed_{name}.png"))
+    js(browser, "return window.prunefxView.reveal(arguments[0])", data["nodes"][_inside(data, block)[0]]["target"])
+    js(browser, "window.prunefxView.collapseAll()")
+    assert js(browser, "return window.prunefxView.showBlock(arguments[0])", block) >= 0
+    browser.find_element(By.CSS_SELECTOR, f'#nodes g.n.blk[data-name="{block}"]').click()
+    after = shown(browser)
+    subs, direct = _children(data, block)
+    assert block not in {b.get("block") for b in after}
+    assert subs <= {b.get("block") for b in after} and direct <= {b.get("node") for b in after}
+    assert len(after) == len(boxes) - 1 + len(subs) + len(direct)
+    assert browser.get_log("browser") == []
+
+
+def test_search_for_a_module_path_highlights_the_aten_nodes_of_an_export_capture(browser, zoo, tmp_path) -> None:
+    data, path = zoo["llama"]
+    open_page(browser, path)
+    box = browser.find_element(By.ID, "search")
+    box.send_keys("q_proj")
+    want = {i for i, n in enumerate(data["nodes"]) if "q_proj" in n["module"]}
+    assert len(want) == 2  # its weight (get_attr) and its ATen op, whose own name says nothing of q_proj
+    results = js(browser, "return [...document.querySelectorAll('#results li')].map((l) => +l.dataset.i)")
+    assert want <= set(results)
+    hit = js(browser, "return [...document.querySelectorAll('#nodes g.n.hit')].map((g) => g.dataset.name)")
+    assert hit == ["model.layers.0.self_attn"]  # collapsed: the block holding them is marked
+    box.send_keys(Keys.ENTER)  # the first result: its blocks open and it is selected
+    sel = js(browser, "return [...document.querySelectorAll('#nodes g.n.sel')].map((g) => +g.dataset.i)")
+    assert len(sel) == 1 and sel[0] in want
+    assert "model.layers.0.self_attn.q_proj" in browser.find_element(By.CSS_SELECTOR, "#panel .crumbs").text
+    hit = js(browser, "return [...document.querySelectorAll('#nodes g.n.hit')].map((g) => +g.dataset.i)")
+    assert set(hit) == want  # both visible now, both marked
+    out = Path(SCREENSHOTS) if SCREENSHOTS else tmp_path
+    browser.save_screenshot(str(out / "search_llama_q_proj.png"))
+    # A crumb folds its block back into one box: the node's panel goes with it.
+    browser.find_element(By.CSS_SELECTOR, '#panel .crumbs a[data-collapse]').click()
+    assert "model" in {b.get("block") for b in shown(browser)}  # the outermost crumb: all of the model in one box
+    assert not js(browser, "return document.querySelector('#panel .node-name')")
+
+
+def test_a_shared_module_shows_its_call_sites_and_slices_are_explained(browser, zoo) -> None:
+    data, path = zoo["yolov8s"]
+    calls = [n["label"] for n in data["nodes"] if n["op"] == "call_module" and n["target"] == "model.0.act"]
+    assert len(calls) > 40 and len(set(calls)) == len(calls)  # one SiLU, one label per call
+    assert calls[:2] == ["model.0.act@0 in model.0", "model.0.act@1 in model.1"]
+    open_page(browser, path)
+    assert "xN" in browser.find_element(By.CSS_SELECTOR, "#panel .help-slices").text
+    js(browser, "window.prunefxView.expandAll()")
+    labels = js(browser, "return [...document.querySelectorAll('#nodes g.n[data-name=\"model.0.act\"] text')]"
+                         ".map((t) => t.textContent)")
+    assert len(labels) == len(calls) and labels[1] == "model.0.act@1 in model.1"
+    # A member's slice cell says in words what its notation means (the flatten-like xN form included).
+    data_l, path_l = zoo["llama"]
+    repeated = next(m for g in data_l["groups"] for m in g["members"] if "]x" in m["slices"])
+    open_page(browser, path_l)
+    js(browser, "window.prunefxView.expandAll()")
+    node = data_l["nodes"][repeated["node"][0]]
+    i = js(browser, "return window.prunefxView.select(arguments[0])", node["name"])
+    assert i == repeated["node"][0]
+    cells = js(browser, "return [...document.querySelectorAll('#panel td.slices')]"
+                        ".map((c) => [c.textContent, c.title])")
+    title = dict(cells)[repeated["slices"]]
+    assert "each filling" in title and "positions" in title

@@ -27,6 +27,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import datetime
+import itertools
 import json
 import os
 import shutil
@@ -151,8 +152,9 @@ class RunDir:
         # One try around all of it: Ctrl-C while the stage's start or end is saved is recorded too.
         info: dict[str, Any] = {}
         start = time.perf_counter()
+        held: int | None = None
         try:
-            _SIGTERM.hold()  # a spawned rank runs the stages of a run its parent opened: SIGTERM is recorded there too
+            held = _SIGTERM.hold()  # a spawned rank runs its parent's run: SIGTERM is recorded there too
             check_confined(self.root)  # before the stage writes: a link planted since the last check is refused
             self.state["current"] = name
             self._save()
@@ -166,7 +168,7 @@ class RunDir:
             self.fail(exc, stage=name)
             raise
         finally:
-            _SIGTERM.release()
+            _SIGTERM.release(held)
 
     @classmethod
     def reload(cls, root: Path) -> RunDir:
@@ -378,34 +380,49 @@ def _remove(path: Path) -> None:
 
 
 class _Sigterm:
-    """While held, SIGTERM raises :class:`Terminated` in this process; the previous handler is back when released.
+    """While held, SIGTERM raises :class:`Terminated` in this process; each hold's release gives back what it replaced.
 
-    Re-entrant (a counter). Only the main thread may set handlers, so elsewhere holding it does nothing.
+    Holds nest and may end in any order. Each hold that installs the handler remembers the one it replaced; the
+    last hold to end restores it, if the handler is still ours. A handler the caller set after a hold began is
+    respected: the next hold takes it over and gives it back on release (a run left open, never closed, does not
+    keep later runs from lending the caller's handler). Only the main thread may set handlers, so elsewhere holding
+    it does nothing.
     """
 
+    _OURS = object()  # a hold that found the handler already ours: it replaced nothing
+
     def __init__(self) -> None:
-        self._count = 0
-        self._previous: Any = signal.SIG_DFL
+        self._holds: list[tuple[int, Any]] = []  # (token, the handler it replaced or _OURS), oldest first
+        self._tokens = itertools.count(1)
         self._pid = os.getpid()  # the process that set the handler: its forked children (data loaders) do not raise
 
-    def hold(self) -> bool:
-        """Hold it; False (nothing held) outside the main thread."""
+    def hold(self) -> int | None:
+        """Hold it: a token for :meth:`release`, or None (nothing held) outside the main thread."""
         if threading.current_thread() is not threading.main_thread():
-            return False
-        if self._count == 0:
+            return None
+        replaced: Any = self._OURS
+        if signal.getsignal(signal.SIGTERM) != self._raise:
             previous = signal.signal(signal.SIGTERM, self._raise)
-            self._previous = signal.SIG_DFL if previous is None else previous  # None: set outside Python
+            replaced = signal.SIG_DFL if previous is None else previous  # None: set outside Python
             self._pid = os.getpid()
-        self._count += 1
-        return True
+        token = next(self._tokens)
+        self._holds.append((token, replaced))
+        return token
 
-    def release(self) -> None:
-        """Undo one :meth:`hold` of the main thread (a no-op elsewhere, as the hold was)."""
-        if threading.current_thread() is not threading.main_thread() or self._count == 0:
+    def release(self, token: int | None) -> None:
+        """End the hold ``token`` (None, or one already ended: a no-op)."""
+        at = next((i for i, (t, _) in enumerate(self._holds) if t == token), None)
+        if at is None or threading.current_thread() is not threading.main_thread():
             return
-        self._count -= 1
-        if self._count == 0 and signal.getsignal(signal.SIGTERM) == self._raise:  # not a handler set since
-            signal.signal(signal.SIGTERM, self._previous)
+        _, replaced = self._holds.pop(at)
+        if replaced is self._OURS:
+            return
+        if at < len(self._holds):  # a later hold is still on: it gives the handler back when it ends
+            later, theirs = self._holds[at]
+            if theirs is self._OURS:
+                self._holds[at] = (later, replaced)
+        elif signal.getsignal(signal.SIGTERM) == self._raise:  # not a handler set since
+            signal.signal(signal.SIGTERM, replaced)
 
     def _raise(self, signum: int, frame: Any) -> None:
         if os.getpid() != self._pid:  # a forked child of the run's process: die of the signal, as it would have
@@ -427,7 +444,7 @@ class _OpenRuns:
     """
 
     def __init__(self) -> None:
-        self._runs: dict[str, tuple[Path, int, bool]] = {}  # real path -> (root, opener's pid, holds _SIGTERM)
+        self._runs: dict[str, tuple[Path, int, int | None]] = {}  # real path -> (root, opener's pid, hold)
         self.signalled: int | None = None  # the last signal turned into Terminated
         atexit.register(self._at_exit)
 
@@ -448,8 +465,8 @@ class _OpenRuns:
 
     def close(self, root: Path) -> None:
         entry = self._runs.pop(os.path.realpath(root), None)
-        if entry is not None and entry[2]:
-            _SIGTERM.release()
+        if entry is not None:
+            _SIGTERM.release(entry[2])
 
     def _at_exit(self) -> None:
         for root, pid, _held in list(self._runs.values()):

@@ -245,7 +245,7 @@ def test_ctrl_c_as_a_stage_starts_records_interrupted(tmp_path: Path, monkeypatc
         monkeypatch.setattr(RunDir, "_save", interrupted_save)
     job = runner.Job(prune=PruneSpec(), run=RunOptions(name="r"), stages=runner.ONE_SHOT)
     with pytest.raises(KeyboardInterrupt):
-        runner.execute(job, SimpleNamespace(dist=LOCAL, root=None), run, log=log)
+        runner.execute(job, SimpleNamespace(dist=LOCAL, root=None, checkpoint=None, baseline_epochs=0), run, log=log)
     state = read_state(run.root)
     assert state["status"] == "interrupted", state
     assert state["error"]["stage"] == "prune" and state["error"]["type"] == "KeyboardInterrupt"

@@ -321,5 +321,11 @@ def test_controls_and_distillation_on_the_hard_set(tmp_path):
     report = load_report(run.root)
     rows = {r["name"]: r for r in report["controls"]["runs"]}
     assert rows["scratch"]["params"] == report["stages"]["finetuned"]["params"]
-    assert (run.root / "report.md").read_text().rstrip().splitlines()[-3].startswith("Metric: map50_95")
+    md = (run.root / "report.md").read_text()
+    verdict = md[md.index("## Verdict"):].splitlines()[2]
+    scores = [report["stages"]["finetuned"]["metrics"]["map50_95"],
+              *(r["metrics"]["map50_95"] for r in report["controls"]["runs"])]
+    # One epoch on the hard set may teach nothing: every mAP ~0 must give "No verdict", never a ranking of noise.
+    unranked = all(abs(v) < 5e-4 for v in scores)
+    assert verdict.startswith("No verdict: every model scores 0 on map50_95" if unranked else "Metric: map50_95"), md
     assert "shapes-hard" in report["settings"]["data"]

@@ -109,3 +109,45 @@ def test_a_run_opened_off_the_main_thread_leaves_the_handler_alone(tmp_path: Pat
     assert seen == [before]  # set only in the main thread (signal.signal fails elsewhere)
     assert signal.getsignal(signal.SIGTERM) is before
     assert json.loads((tmp_path / "t" / "state.json").read_text())["status"] == "complete"
+
+
+def test_a_run_left_open_does_not_keep_the_next_run_from_giving_the_handler_back(tmp_path: Path) -> None:
+    # A run opened and never closed (a notebook cell that raised) holds the handler until the process ends; the
+    # caller then sets their own, and the next run must lend and return that one, not keep the abandoned run's.
+    from prunefx.pipeline import rundir
+
+    abandoned = RunDir.open(tmp_path, "abandoned", {"model": "m"})
+    try:
+        def mine(signum, frame):
+            pass
+
+        before = signal.signal(signal.SIGTERM, mine)
+        try:
+            during, after = _handler_while(tmp_path, "complete")
+        finally:
+            signal.signal(signal.SIGTERM, before)
+        assert during is not mine and callable(during)
+        assert after is mine
+    finally:
+        rundir._OPEN.close(abandoned.root)
+
+
+def test_holds_ended_out_of_order_give_back_the_first_handler() -> None:
+    from prunefx.pipeline.rundir import _Sigterm
+
+    def mine(signum, frame):
+        pass
+
+    before = signal.signal(signal.SIGTERM, mine)
+    try:
+        lender = _Sigterm()
+        first, second = lender.hold(), lender.hold()
+        ours = signal.getsignal(signal.SIGTERM)
+        assert ours is not mine
+        lender.release(first)  # the second run is still open: still ours
+        assert signal.getsignal(signal.SIGTERM) == ours
+        lender.release(first)  # ended twice: a no-op
+        lender.release(second)
+        assert signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        signal.signal(signal.SIGTERM, before)

@@ -162,8 +162,8 @@ def measure(
             calls: list[int] = []  # the pruned copy's forwards: the re-fit's per-layer passes and the measurement's
             counter = pruned.register_forward_pre_hook(lambda *_, calls=calls: calls.append(1))
             if refit:
-                refit_layers(model, pruned, work_dg, plan, [inputs for inputs, _ in batches])
-                forwards += len(batches)  # the unpruned model's pass for the re-fit's targets
+                done = refit_layers(model, pruned, work_dg, plan, [inputs for inputs, _ in batches])
+                forwards += done.original_passes  # the unpruned model's passes for the re-fit's targets
             damage.append(_damage(reference, _run(pruned, batches, loss_fn), loss_fn is not None))
             counter.remove()
             forwards += len(calls)

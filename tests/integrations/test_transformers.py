@@ -308,6 +308,35 @@ def test_bias_compensation_folds_into_gpt2_conv1d_biases():
     assert result.verified.ok and result.verified.exact, result.verified.message
 
 
+@pytest.mark.filterwarnings("ignore::prunefx.errors.TiedScoresWarning")  # random-init weights: near-tied norms
+@pytest.mark.parametrize(("name", "readers"), [
+    ("llama", ("model.layers.{}.self_attn.o_proj", "model.layers.{}.mlp.down_proj")),
+    ("gpt2", ("transformer.h.{}.attn.c_proj", "transformer.h.{}.mlp.c_proj")),
+])
+def test_refit_fits_the_projections_that_read_pruned_heads_and_mlp_units(name, readers):
+    # The re-fit on a decoder: o_proj / down_proj (Linear) and GPT-2's c_proj (Conv1D, weight (in, out)) read the
+    # cut heads and MLP units; their least-squares weights bring the logits closer on tokens the fit never saw.
+    model, x = _build(name)
+    g = torch.Generator().manual_seed(5)
+    calib = [torch.randint(0, V, (8, 16), generator=g) for _ in range(12)]
+    held_out = torch.randint(0, V, (8, 16), generator=g)
+    with torch.no_grad():
+        want = model(held_out).logits
+    config = prunefx.PlanConfig(ratio=0.5, scope="local", ignore=pfx_hf.stream_patterns(model))
+    errors = {}
+    for on in (False, True):
+        result = prunefx.prune(copy.deepcopy(model), x, config, criterion="l2", refit=on,
+                               calibration=calib if on else None, bias_compensation=False)
+        assert result.verified.ok and result.verified.exact, result.verified.message  # structure proved first
+        with torch.no_grad():
+            errors[on] = float((result.model(held_out).logits - want).norm() / want.norm())
+        if on:
+            applied = {x.name for x in result.refit.layers if x.applied}
+            assert {r.format(i) for r in readers for i in range(2)} <= applied, result.refit.layers
+            assert result.refit.after < result.refit.before
+    assert errors[True] < errors[False]
+
+
 @pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in FAST else pytest.mark.slow)
                                   for n in sorted(HEADS_NOT_EXPRESSIBLE)])
 def test_pfx_hf_prune_keeps_heads_the_config_cannot_write_so_the_plan_saves(name, tmp_path):

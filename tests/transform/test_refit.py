@@ -393,3 +393,25 @@ def test_reflect_padding_and_transposed_convs_are_skipped_with_their_reason():
     skipped = dict(result.skipped)
     assert not result.layers
     assert "padding_mode='reflect'" in skipped["reflect"] and "transposed" in skipped["up"]
+
+
+@pytest.mark.filterwarnings("ignore::prunefx.errors.TiedScoresWarning")
+def test_targets_taken_per_layer_give_the_same_weights_as_one_pass():
+    # Over max_target_bytes (an LLM's dozens of wide layers) the original's outputs are taken layer by layer, each
+    # pass stopped after that layer: the rows, and so the re-fitted weights, must be the one-pass ones.
+    g = torch.Generator().manual_seed(3)
+    calib = [(torch.randn(8, 3, 12, 12, generator=g),) for _ in range(3)]
+    original, pruned, dg, plan = _cut(_small_cnn(), calib[0][0][:1])
+    fitted = {}
+    for bound in (1 << 30, 0):
+        net = copy.deepcopy(pruned)
+        fitted[bound] = (refit(original, net, dg, plan, calib, max_target_bytes=bound), net.state_dict())
+    one, per = fitted[1 << 30][0], fitted[0][0]
+    assert (one.targets, per.targets) == ("one pass", "per layer")
+    assert one.original_passes == 3 and per.original_passes == 3 + 3 * len(per.layers)  # counting + one per layer
+    assert [x.name for x in per.layers] == [x.name for x in one.layers] and len(one.layers) == 3
+    for a, b in zip(one.layers, per.layers, strict=True):
+        assert a.applied == b.applied and a.rows == b.rows and a.held_out == b.held_out
+        assert a.after == pytest.approx(b.after, rel=1e-6, abs=1e-9)
+    for k, v in fitted[1 << 30][1].items():
+        torch.testing.assert_close(fitted[0][1][k], v, rtol=1e-6, atol=1e-7)

@@ -329,3 +329,30 @@ def test_controls_and_distillation_on_the_hard_set(tmp_path):
     unranked = all(abs(v) < 5e-4 for v in scores)
     assert verdict.startswith("No verdict: every model scores 0 on map50_95" if unranked else "Metric: map50_95"), md
     assert "shapes-hard" in report["settings"]["data"]
+
+
+def test_calibration_images_are_the_first_training_images_as_the_validator_feeds_them(data_yaml: Path) -> None:
+    from prunefx.integrations.ultralytics.calibration import calibration_images
+
+    batches = calibration_images(str(data_yaml), "detect", 64, batches=8, batch_size=12)
+    assert [tuple(b.shape) for b in batches] == [(12, 3, 64, 64), (12, 3, 64, 64), (8, 3, 64, 64)]  # 32 images
+    images = torch.cat(batches)
+    assert images.dtype == torch.float32 and 0 <= float(images.min()) and float(images.max()) <= 1
+    assert float(images.std()) > 0.05  # real pictures, not padding
+    assert len(calibration_images(str(data_yaml), "detect", 64, batches=1, batch_size=12)) == 1
+
+
+@pytest.mark.slow
+def test_prune_refit_re_fits_on_the_datasets_training_images(
+    tmp_path: Path, checkpoint: Path, data_yaml: Path
+) -> None:
+    result = _prune(*TINY, f"model={checkpoint}", f"data={data_yaml}", "prune.sparsity.epochs=0",
+                    "prune.finetune.epochs=0", "prune.latency=false", "prune.refit=true", f"project={tmp_path}",
+                    "name=refit")
+    assert result.exit_code == 0, result.output
+    run = tmp_path / "refit"
+    refit = json.loads((run / "state.json").read_text())["stages"]["prune"]["refit"]
+    assert refit["batches"] == 2 and "training images" in refit["calibration"]  # 32 images, 16 a batch
+    assert refit["layers"] and refit["after"] < refit["before"]
+    assert load_report(run)["settings"]["refit"] == refit
+    assert _shapes(run / "weights/pruned.pt") != _shapes(checkpoint)  # an ordinary ultralytics checkpoint, pruned

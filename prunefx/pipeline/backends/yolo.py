@@ -311,12 +311,16 @@ class YoloBackend:
     def score_kwargs(self, criterion: str) -> dict[str, Any]:
         return {}
 
-    calibration_source = "none: the YOLO pipeline has no calibration batches yet"
+    @property
+    def calibration_source(self) -> str:
+        from prunefx.integrations.ultralytics.calibration import BATCH
+
+        return f"the first training images of {self.data}, {BATCH} a batch, as the validator feeds them"
 
     def calibration(self, batches: int) -> list[Any]:
-        raise ConfigError("prune.refit is not available in the YOLO pipeline yet (it does not read calibration "
-                          "images from the dataset); leave prune.refit off, or prune the trained checkpoint with "
-                          "prunefx.prune(model, x, refit=True, calibration=[images, ...])")
+        from prunefx.integrations.ultralytics.calibration import calibration_images
+
+        return calibration_images(self.data, self.job.task, self.job.imgsz, batches)
 
     def from_checkpoint(self) -> nn.Module:
         from prunefx.integrations.ultralytics.io import load_yolo

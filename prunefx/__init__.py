@@ -29,13 +29,14 @@ _PUBLIC = {
     "verify": "prunefx.verify", "VerifyResult": "prunefx.verify",
     "prune": "prunefx.api", "PruneResult": "prunefx.api",
     "save": "prunefx.checkpoint", "load": "prunefx.checkpoint",
+    "recover": "prunefx.train.recover", "RecoverConfig": "prunefx.train.recover",
     "PrunefxError": "prunefx.errors", "VerificationError": "prunefx.errors", "ScoreScaleWarning": "prunefx.errors",
 }  # fmt: skip
 __all__ = [  # in pipeline order, as docs/api.md introduces them
     "trace", "register_leaf", "analyze", "DependencyGraph", "Group", "Member", "register_rule",
     "score", "Scores", "register_criterion", "make_plan", "PlanConfig", "PlanError", "PruningPlan", "CostModel",
-    "apply_plan", "register_fixer", "verify", "VerifyResult", "prune", "PruneResult", "save", "load", "PrunefxError",
-    "VerificationError", "ScoreScaleWarning",
+    "apply_plan", "register_fixer", "verify", "VerifyResult", "prune", "PruneResult", "save", "load", "recover",
+    "RecoverConfig", "PrunefxError", "VerificationError", "ScoreScaleWarning",
 ]  # fmt: skip
 __version__ = "0.1.0"
 
@@ -75,5 +76,6 @@ if TYPE_CHECKING:  # what the names are, for type checkers and editors
     from prunefx.errors import PrunefxError, ScoreScaleWarning
     from prunefx.importance import Scores, register_criterion, score
     from prunefx.plan import CostModel, PlanConfig, PlanError, PruningPlan, make_plan
+    from prunefx.train.recover import RecoverConfig, recover
     from prunefx.transform import apply_plan, register_fixer
     from prunefx.verify import VerifyResult, verify

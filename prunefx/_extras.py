@@ -18,6 +18,7 @@ EXTRAS = {
     "timm": "timm",
     "onnx": "deploy",
     "onnxruntime": "deploy",
+    "accelerate": "recover",
 }
 
 

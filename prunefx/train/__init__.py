@@ -8,6 +8,7 @@ from prunefx.train.bn_recalibration import Recalibration, recalibrate_bn
 from prunefx.train.distill import DistillConfig
 from prunefx.train.distributed import DistContext, DistributedError, init_from_env, spawn
 from prunefx.train.loop import FitResult, Metrics, TrainConfig, TrainError, evaluate, fit
+from prunefx.train.recover import RecoverConfig, RecoverError, RecoverResult, recover
 from prunefx.train.sparsity import (
     BNSparsity,
     Schedule,
@@ -19,5 +20,6 @@ from prunefx.train.sparsity import (
 )
 
 __all__ = ["BNSparsity", "DistContext", "DistillConfig", "DistributedError", "FitResult", "Metrics", "Recalibration",
-           "Schedule", "SparsityConfig", "TargetSparsity", "TrainConfig", "TrainError", "evaluate", "fit",
-           "fraction_below", "init_from_env", "recalibrate_bn", "residual_bns", "sparsity_stats", "spawn"]
+           "RecoverConfig", "RecoverError", "RecoverResult", "Schedule", "SparsityConfig", "TargetSparsity",
+           "TrainConfig", "TrainError", "evaluate", "fit", "fraction_below", "init_from_env", "recalibrate_bn",
+           "recover", "residual_bns", "sparsity_stats", "spawn"]

@@ -1,0 +1,486 @@
+"""Recovery for any model: distil the unpruned model's outputs into the pruned one on the user's data (accelerate).
+
+    result = recover(pruned, original, data=batches, config=RecoverConfig(steps=300, lr=1e-4),
+                     eval_data=held_out, metric=lambda m: my_accuracy(m))
+
+Any input: a batch is a tensor (one positional input), a tuple / list (positional inputs) or a mapping (keyword
+inputs, e.g. ``input_ids=``); ``inputs=`` maps other batch forms to one of those. Any output: the outputs of both
+models are flattened (torch's pytree: tuples, lists, dicts, Hugging Face ``ModelOutput``) and each floating leaf
+gets a distillation loss that fits it, named in ``RecoverResult.losses``:
+
+* ``kl``: T^2 * KL(softmax(teacher / T) || softmax(student / T)) over the last dim, averaged over every other
+  position (logits: a classifier's, an LLM's per token); the default for a leaf named ``logits``.
+* ``mse``: the squared error divided by the teacher leaf's mean square on the first batch (a constant, so leaves
+  of any scale weigh alike and the loss stays a plain scaled MSE); the default for every other leaf
+  (regression, features, boxes).
+* ``bce``: T^2 * the binary KL between sigmoid(teacher / T) and sigmoid(student / T) (independent sigmoid scores,
+  multi-label), zero when they agree.
+* ``skip``: not distilled.
+
+``config.loss`` sets one kind for every leaf, or a mapping from leaf name (as ``losses`` lists them) to kind.
+``task_loss(student_output, batch)`` (the user's, on their targets) is mixed in as ``(1 - w) * KD + w * task``;
+``config.features`` adds a scaled MSE between the two models' outputs at named modules (outputs of the same shape:
+the residual stream, a block's output). AdamW, linear warm-up then cosine (or constant), gradient clipping.
+
+The engine is Hugging Face ``accelerate``: one loop for the CPU, one GPU, DDP (``accelerate launch``), FSDP or
+DeepSpeed through accelerate's own config, checkpoints through ``Accelerator.save_state`` (safetensors weights;
+its loads are weights-only). It is already what the Hugging Face stack trains with, it wraps a plain PyTorch loop
+instead of owning it (Lightning Fabric would as well, but adds a framework that nothing else here needs).
+``checkpoint_dir`` + ``resume=True`` continue a run where it stopped, identically when the data order is
+deterministic (a list of batches, or a DataLoader with its own seeded generator).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils._pytree import GetAttrKey, MappingKey, SequenceKey, tree_flatten_with_path
+
+from prunefx._config import ConfigError, check_fields
+from prunefx._extras import require
+from prunefx._io import atomic_write
+from prunefx.errors import PrunefxError
+
+KINDS = ("kl", "mse", "bce", "skip")
+STATE_FILE = "recover.json"  # what a checkpoint directory of this module holds besides accelerate's state
+# Settings a resumed run may change: how long it runs and how often it reports; anything else would not continue it.
+_RESUMABLE_CHANGES = {"steps", "log_every", "eval_every", "checkpoint_every"}
+
+
+class RecoverError(PrunefxError):
+    """Recovery cannot run or continue; the message names the problem and the fix."""
+
+
+@dataclass(frozen=True)
+class RecoverConfig:
+    """How :func:`recover` trains: steps, optimiser, schedule, losses, reporting and checkpoints."""
+
+    steps: int = 500  # optimiser steps; the data is cycled through as often as that takes
+    lr: float = 1e-4  # AdamW's peak learning rate
+    weight_decay: float = 0.0
+    warmup: int = 0  # steps of linear warm-up from 0 to lr
+    schedule: str = "cosine"  # after warm-up: "cosine" (to 0 at the last step) or "constant"
+    clip: float = 1.0  # gradient norm clipping; 0 turns it off
+    loss: str | Mapping[str, str] = "auto"  # "auto", one of KINDS for every output leaf, or leaf name -> kind
+    temperature: float = 2.0  # kl / bce softening; the term is scaled by T^2
+    task_weight: float = 0.5  # w in (1 - w) * KD + w * task, when task_loss is given
+    features: tuple[str, ...] = ()  # modules whose outputs are distilled too (scaled MSE), same names in both models
+    feature_weight: float = 1.0
+    log_every: int = 50  # a progress line every this many steps (and at the last); 0: none
+    eval_every: int = 0  # evaluate (eval_data's distillation loss, metric) every this many steps; 0: start and end
+    checkpoint_every: int = 0  # save a resumable checkpoint every this many steps (and at the last); 0: at the end
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        loss = self.loss
+        object.__setattr__(self, "loss", "auto")  # checked below: check_fields reads one annotation at a time
+        check_fields(self)
+        object.__setattr__(self, "loss", loss if isinstance(loss, str) else dict(loss))
+        bad = [f"{k}={v!r}" for k, v in (("steps", self.steps), ("warmup", self.warmup), ("log_every", self.log_every),
+                                          ("eval_every", self.eval_every), ("checkpoint_every", self.checkpoint_every))
+               if v < 0] + [f"{k}={v!r}" for k, v in (("lr", self.lr), ("temperature", self.temperature)) if v <= 0]
+        if self.steps < 1:
+            bad.append(f"steps={self.steps}")
+        if not 0 <= self.task_weight <= 1:
+            bad.append(f"task_weight={self.task_weight} (a share in [0, 1])")
+        if self.schedule not in ("cosine", "constant"):
+            bad.append(f"schedule={self.schedule!r} (cosine or constant)")
+        kinds = [self.loss] if isinstance(self.loss, str) else list(self.loss.values())
+        bad += [f"loss {k!r} (one of auto, {', '.join(KINDS)})" for k in kinds
+                if k not in KINDS and not (k == "auto" and isinstance(self.loss, str))]
+        if bad:
+            raise ConfigError(f"RecoverConfig: invalid {', '.join(bad)}; steps >= 1, lr and temperature > 0, counts "
+                              ">= 0")
+
+
+@dataclass(frozen=True)
+class RecoverResult:
+    """What :func:`recover` did: the loss of each output leaf, the progress, the evaluations."""
+
+    steps: int  # the step the run ended at (counted from the start of a resumed run's first part)
+    losses: Mapping[str, str]  # output leaf -> the distillation loss it got
+    history: tuple[Mapping[str, float], ...]  # step, loss, lr at each progress line
+    evals: tuple[Mapping[str, Any], ...]  # step, distill (eval_data's mean distillation loss), metric
+    seconds: float
+    resumed_from: int = 0  # the checkpoint's step, 0 for a fresh run
+    processes: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for a report."""
+        return {**asdict(self), "losses": dict(self.losses)}
+
+
+def recover(
+    student: nn.Module,
+    teacher: nn.Module,
+    data: Iterable[Any],
+    *,
+    config: RecoverConfig | None = None,
+    inputs: Callable[[Any], Any] | None = None,
+    task_loss: Callable[[Any, Any], torch.Tensor] | None = None,
+    eval_data: Sequence[Any] | None = None,
+    metric: Callable[[nn.Module], Any] | None = None,
+    checkpoint_dir: str | Path | None = None,
+    resume: bool = False,
+    accelerator: Any = None,
+    log: Callable[[str], None] = print,
+) -> RecoverResult:
+    """Train ``student`` (in place) to reproduce ``teacher``'s outputs on ``data``; ``teacher`` is not changed."""
+    Accelerator = require("accelerate", "prunefx.train.recover").Accelerator
+    from accelerate.utils import set_seed
+
+    cfg = config or RecoverConfig()
+    acc = accelerator if accelerator is not None else Accelerator()
+    root = Path(checkpoint_dir) if checkpoint_dir is not None else None
+    start = _resume_point(root, cfg, resume)
+    set_seed(cfg.seed)
+    batches = _batches(data, acc)
+    teacher = teacher.to(acc.device).eval().requires_grad_(False)
+    student.to(acc.device).train()
+    to_args = inputs or (lambda b: b)
+    first = next(iter(batches()), None)
+    if first is None:
+        raise RecoverError("recover: data yielded no batch; pass an iterable of model inputs (tensors, tuples or "
+                           "dicts)")
+    args, kwargs = _call(to_args(first), acc.device)
+    with torch.no_grad():
+        kinds, scales = _losses(teacher(*args, **kwargs), cfg, acc)
+    optimizer = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=cfg.lr,
+                                  weight_decay=cfg.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(cfg))
+    model, optimizer = acc.prepare(student, optimizer)
+    # Not prepared: accelerate would step it once per process per call (it counts epochs of a split dataset); this
+    # schedule counts optimiser steps. Registered, so its state is in every checkpoint.
+    acc.register_for_checkpointing(scheduler)
+    stream = _cycle(batches)
+    for _ in range(start):  # the batches the run before the checkpoint trained on, replayed without a forward
+        next(stream)
+    if start:
+        acc.load_state(str(root / f"state-{start}"))
+    hooks = _FeatureHooks(acc.unwrap_model(model), teacher, cfg.features)
+    history: list[dict[str, float]] = []
+    evals: list[dict[str, Any]] = []
+    began, say = time.perf_counter(), (log if acc.is_main_process else (lambda _msg: None))
+    say(f"recover: {cfg.steps - start} steps from step {start} on {acc.num_processes} process(es), device "
+        f"{acc.device}; losses: {', '.join(f'{k} {v}' for k, v in kinds.items())}")
+    evaluate = _Evaluator(model, teacher, eval_data, metric, to_args, kinds, scales, cfg, hooks, acc, say)
+    if eval_data is not None or metric is not None:
+        evals.append(evaluate(start))
+    try:
+        for step in range(start + 1, cfg.steps + 1):
+            batch = to_args(next(stream))
+            args, kwargs = _call(batch, acc.device)
+            with torch.no_grad():
+                target = teacher(*args, **kwargs)
+            hooks.teacher_done()
+            out = model(*args, **kwargs)
+            loss = _distill(out, target, kinds, scales, cfg) + hooks.loss(cfg.feature_weight)
+            if task_loss is not None:
+                loss = (1 - cfg.task_weight) * loss + cfg.task_weight * _scalar(task_loss(out, batch), "task_loss")
+            if not torch.isfinite(loss):
+                raise RecoverError(f"recover: the loss is {loss.item()} at step {step}; lower lr (now {cfg.lr:g}), "
+                                   "set clip, or check the data and task_loss")
+            optimizer.zero_grad(set_to_none=True)
+            acc.backward(loss)
+            if cfg.clip:
+                acc.clip_grad_norm_(model.parameters(), cfg.clip)
+            optimizer.step()
+            scheduler.step()
+            if cfg.log_every and (step % cfg.log_every == 0 or step == cfg.steps):
+                mean = float(acc.reduce(loss.detach(), "mean"))
+                history.append({"step": step, "loss": mean, "lr": scheduler.get_last_lr()[0]})
+                rate = (step - start) / max(time.perf_counter() - began, 1e-9)
+                say(f"recover: step {step}/{cfg.steps}  loss {mean:.4g}  lr {history[-1]['lr']:.3g}  "
+                    f"ETA {(cfg.steps - step) / rate:.0f} s")
+            if cfg.eval_every and step % cfg.eval_every == 0 and step != cfg.steps:
+                evals.append(evaluate(step))
+            if root is not None and ((cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
+                                     or step == cfg.steps):
+                _save(acc, root, step, cfg, kinds)
+    finally:
+        hooks.remove()
+    if eval_data is not None or metric is not None:
+        evals.append(evaluate(cfg.steps))
+    model.eval()
+    return RecoverResult(cfg.steps, kinds, tuple(history), tuple(evals), time.perf_counter() - began, start,
+                         acc.num_processes)
+
+
+# ---- inputs and data ------------------------------------------------------------------------------------------------
+
+
+def _call(batch: Any, device: torch.device) -> tuple[tuple, dict]:
+    """(positional, keyword) model inputs of ``batch``, on ``device``."""
+    def move(x: Any) -> Any:
+        return x.to(device) if isinstance(x, torch.Tensor) else x
+
+    if isinstance(batch, torch.Tensor):
+        return (move(batch),), {}
+    if isinstance(batch, Mapping):
+        return (), {k: move(v) for k, v in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return tuple(move(x) for x in batch), {}
+    raise RecoverError(f"recover: a batch is a {type(batch).__name__}; give tensors, tuples / lists (positional "
+                       "inputs) or dicts (keyword inputs), or inputs=fn mapping a batch to one of those")
+
+
+def _batches(data: Iterable[Any], acc: Any) -> Callable[[], Iterable[Any]]:
+    """A fresh pass over this process's share of ``data`` each call."""
+    if isinstance(data, torch.utils.data.DataLoader):
+        loader = acc.prepare_data_loader(data)
+        return lambda: loader
+    if isinstance(data, Iterator):
+        raise RecoverError("recover: data is a one-shot iterator (a generator); pass a list of batches or a "
+                           "DataLoader, which can be passed over again")
+    items = list(data)
+    share = items[acc.process_index::acc.num_processes] if acc.num_processes > 1 else items
+    if acc.num_processes > 1 and len(items) % acc.num_processes:
+        raise RecoverError(f"recover: {len(items)} batches do not split evenly over {acc.num_processes} processes; "
+                           "pass a multiple of the process count, or a DataLoader")
+    return lambda: share
+
+
+def _cycle(batches: Callable[[], Iterable[Any]]) -> Iterator[Any]:
+    epoch = 0
+    while True:
+        loader = batches()
+        sampler = getattr(loader, "sampler", None)
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)
+        yield from loader
+        epoch += 1
+
+
+def _schedule(cfg: RecoverConfig) -> Callable[[int], float]:
+    def factor(step: int) -> float:  # LambdaLR's step count: 0 before the first optimiser step
+        if cfg.warmup and step < cfg.warmup:
+            return (step + 1) / cfg.warmup
+        if cfg.schedule == "constant":
+            return 1.0
+        done = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, done)))
+
+    return factor
+
+
+# ---- losses ---------------------------------------------------------------------------------------------------------
+
+
+def _leaves(out: Any) -> dict[str, torch.Tensor]:
+    """The floating tensors of a model output, by name (``logits``, ``0``, ``boxes.1``; ``output`` for a tensor)."""
+    named = {}
+    for path, leaf in tree_flatten_with_path(out)[0]:
+        if isinstance(leaf, torch.Tensor) and leaf.is_floating_point():
+            parts = [str(k.key if isinstance(k, MappingKey) else k.idx if isinstance(k, SequenceKey) else
+                         k.name if isinstance(k, GetAttrKey) else k) for k in path]
+            named[".".join(parts) or "output"] = leaf
+    return named
+
+
+def _losses(out: Any, cfg: RecoverConfig, acc: Any) -> tuple[dict[str, str], dict[str, float]]:
+    """Each output leaf's loss kind, and the scale (the teacher's mean square) an mse leaf is divided by."""
+    leaves = _leaves(out)
+    if not leaves:
+        raise RecoverError("recover: the model's output has no floating-point tensor to distil; return logits or "
+                           "features (a tensor, tuple, dict or ModelOutput)")
+    given = cfg.loss if isinstance(cfg.loss, Mapping) else {}
+    unknown = sorted(set(given) - set(leaves))
+    if unknown:
+        raise RecoverError(f"recover: config.loss names {', '.join(unknown)}, not leaves of the model's output; its "
+                           f"leaves are: {', '.join(leaves)}")
+    kinds = {}
+    for name in leaves:
+        kind = given.get(name, "auto") if given else cfg.loss
+        if kind == "auto":
+            kind = "kl" if name.rsplit(".", 1)[-1] == "logits" else "mse"
+        kinds[name] = kind
+    if all(k == "skip" for k in kinds.values()):
+        raise RecoverError("recover: every output leaf is skipped; give at least one a loss (kl, mse or bce)")
+    scales = {n: float(acc.reduce(leaves[n].double().square().mean(), "mean")) for n, k in kinds.items()
+              if k == "mse"}
+    return kinds, {n: max(s, 1e-12) for n, s in scales.items()}
+
+
+def _distill(student: Any, teacher: Any, kinds: Mapping[str, str], scales: Mapping[str, float],
+             cfg: RecoverConfig) -> torch.Tensor:
+    s, t = _leaves(student), _leaves(teacher)
+    total = None
+    for name, kind in kinds.items():
+        if kind == "skip":
+            continue
+        if name not in s or s[name].shape != t[name].shape:
+            raise RecoverError(f"recover: the pruned model's output {name} is "
+                               f"{tuple(s[name].shape) if name in s else 'missing'}, the original's "
+                               f"{tuple(t[name].shape)}; prune only what keeps the output's shape")
+        term = _term(kind, s[name].float(), t[name].float(), scales.get(name, 1.0), cfg.temperature)
+        total = term if total is None else total + term
+    assert total is not None  # _losses refused an output with every leaf skipped
+    return total
+
+
+def _term(kind: str, s: torch.Tensor, t: torch.Tensor, scale: float, temperature: float) -> torch.Tensor:
+    if kind == "mse":
+        return (s - t).square().mean() / scale
+    tt = temperature
+    if kind == "kl":
+        log_p, log_q = F.log_softmax(t / tt, -1), F.log_softmax(s / tt, -1)
+        return (log_p.exp() * (log_p - log_q)).sum(-1).mean() * tt * tt
+    # bce: KL(Bernoulli(sigmoid(t/T)) || Bernoulli(sigmoid(s/T))), zero when the scores agree
+    p = torch.sigmoid(t / tt)
+    return (F.binary_cross_entropy_with_logits(s / tt, p) - F.binary_cross_entropy_with_logits(t / tt, p)) * tt * tt
+
+
+def _scalar(value: Any, what: str) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor) or value.dim() != 0:
+        shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+        raise RecoverError(f"recover: {what} returned {shape}, not a scalar tensor; reduce it (e.g. .mean())")
+    return value
+
+
+class _FeatureHooks:
+    """The outputs of ``names`` in both models at each step, and their scaled MSE."""
+
+    def __init__(self, student: nn.Module, teacher: nn.Module, names: Sequence[str]) -> None:
+        self.seen: dict[str, dict[str, torch.Tensor]] = {"s": {}, "t": {}}
+        self.handles = []
+        self.scales: dict[str, float] = {}
+        for name in names:
+            for side, model in (("s", student), ("t", teacher)):
+                try:
+                    module = model.get_submodule(name)
+                except AttributeError as exc:
+                    raise RecoverError(f"recover: config.features names {name!r}, not a module of the "
+                                       f"{'pruned' if side == 's' else 'original'} model") from exc
+                self.handles.append(module.register_forward_hook(self._keep(side, name)))
+
+    def _keep(self, side: str, name: str) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple, out: Any) -> None:
+            if isinstance(out, tuple):
+                out = out[0]
+            if isinstance(out, torch.Tensor):
+                self.seen[side][name] = out
+        return hook
+
+    def teacher_done(self) -> None:
+        self.seen["t"] = {k: v.detach() for k, v in self.seen["t"].items()}
+
+    def loss(self, weight: float) -> torch.Tensor | float:
+        total: torch.Tensor | float = 0.0
+        for name, t in self.seen["t"].items():
+            s = self.seen["s"].get(name)
+            if s is None or s.shape != t.shape:
+                raise RecoverError(f"recover: feature {name!r} is {tuple(s.shape) if s is not None else 'not called'} "
+                                   f"in the pruned model, {tuple(t.shape)} in the original; distil features whose "
+                                   "width the plan keeps (a block's output on the residual stream)")
+            scale = self.scales.setdefault(name, max(float(t.double().square().mean()), 1e-12))
+            total = total + weight * (s.float() - t.float()).square().mean() / scale
+        self.seen = {"s": {}, "t": {}}
+        return total
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+class _Evaluator:
+    """eval_data's mean distillation loss and the user's metric, at a step."""
+
+    def __init__(self, model, teacher, data, metric, to_args, kinds, scales, cfg, hooks, acc, say) -> None:
+        self.__dict__.update(model=model, teacher=teacher, data=data, metric=metric, to_args=to_args, kinds=kinds,
+                             scales=scales, cfg=cfg, hooks=hooks, acc=acc, say=say)
+
+    def __call__(self, step: int) -> dict[str, Any]:
+        record: dict[str, Any] = {"step": step}
+        was = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                if self.data is not None:
+                    losses = []
+                    for batch in self.data:
+                        args, kwargs = _call(self.to_args(batch), self.acc.device)
+                        losses.append(float(_distill(self.model(*args, **kwargs), self.teacher(*args, **kwargs),
+                                                     self.kinds, self.scales, self.cfg)))
+                        self.hooks.seen = {"s": {}, "t": {}}
+                    record["distill"] = sum(losses) / max(1, len(losses))
+                if self.metric is not None:
+                    record["metric"] = _number(self.metric(self.acc.unwrap_model(self.model)))
+        finally:
+            self.model.train(was)
+        self.say("recover: eval " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                                             for k, v in record.items()))
+        return record
+
+
+def _number(value: Any) -> float | dict[str, float]:
+    if isinstance(value, Mapping):
+        return {str(k): _number(v) for k, v in value.items()}  # type: ignore[misc]
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise RecoverError(f"recover: metric returned {value!r}; return a finite number or a dict of them")
+    return float(value)
+
+
+# ---- checkpoints ----------------------------------------------------------------------------------------------------
+
+
+def _resume_point(root: Path | None, cfg: RecoverConfig, resume: bool) -> int:
+    """The step to continue from (0: a fresh run); refuses a directory this run must not write into."""
+    if root is None:
+        if resume:
+            raise RecoverError("recover: resume=True needs the checkpoint_dir of the run to continue")
+        return 0
+    state = root / STATE_FILE
+    if not state.is_file():
+        if resume:
+            raise RecoverError(f"recover: {root} holds no recovery checkpoint ({STATE_FILE}); run without resume "
+                               "first, or give the checkpoint_dir of the run to continue")
+        if root.exists() and any(root.iterdir()):
+            raise RecoverError(f"recover: checkpoint_dir {root} exists and is not empty; give a new or empty "
+                               "directory (nothing in it is overwritten)")
+        return 0
+    saved = json.loads(state.read_text())
+    if not resume:
+        raise RecoverError(f"recover: {root} holds a recovery checkpoint at step {saved['step']}; pass resume=True "
+                           "to continue it, or give another checkpoint_dir")
+    now = _config_record(cfg)
+    changed = sorted(k for k in set(now) | set(saved["config"])
+                     if k not in _RESUMABLE_CHANGES and now.get(k) != saved["config"].get(k))
+    if changed:
+        raise RecoverError(f"recover: the checkpoint in {root} was made with other settings ({', '.join(changed)}); "
+                           "resume with the same config (only steps and the reporting intervals may change)")
+    if saved["step"] >= cfg.steps:
+        raise RecoverError(f"recover: the checkpoint in {root} is at step {saved['step']}, not before steps="
+                           f"{cfg.steps}; raise steps to train further")
+    return int(saved["step"])
+
+
+def _config_record(cfg: RecoverConfig) -> dict[str, Any]:
+    return json.loads(json.dumps(asdict(cfg), default=list))
+
+
+def _save(acc: Any, root: Path, step: int, cfg: RecoverConfig, kinds: Mapping[str, str]) -> None:
+    """accelerate's state for ``step``, then the record that points to it, then the previous state removed."""
+    acc.wait_for_everyone()
+    acc.save_state(str(root / f"state-{step}"))
+    if acc.is_main_process:
+        previous = json.loads((root / STATE_FILE).read_text())["step"] if (root / STATE_FILE).is_file() else None
+        record = {"step": step, "config": _config_record(cfg), "losses": dict(kinds)}
+        atomic_write(root / STATE_FILE, json.dumps(record, indent=1).encode())
+        if previous is not None and previous != step:
+            shutil.rmtree(root / f"state-{previous}", ignore_errors=True)  # ours: written by the save before
+    acc.wait_for_everyone()
+
+
+__all__ = ["KINDS", "RecoverConfig", "RecoverError", "RecoverResult", "recover"]

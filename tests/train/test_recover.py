@@ -1,0 +1,307 @@
+"""recover(): distillation brings a pruned model of any output kind back towards the original, on held-out batches."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+from torch import nn
+
+pytest.importorskip("accelerate")
+
+import prunefx
+from prunefx._config import ConfigError
+from prunefx.train.recover import RecoverConfig, RecoverError, recover
+
+pytestmark = pytest.mark.filterwarnings("ignore::prunefx.errors.TiedScoresWarning")  # random-init weight norms
+
+
+def _sines(n: int, seed: int) -> list[torch.Tensor]:
+    """Batches of raw 1-D signals: sines of random frequency and phase plus noise (16 x 1 x 64 each)."""
+    g = torch.Generator().manual_seed(seed)
+    t = torch.arange(64) / 64
+    out = []
+    for _ in range(n):
+        f, phase = torch.rand(16, 1, 1, generator=g) * 8 + 1, torch.rand(16, 1, 1, generator=g) * 6.3
+        out.append(torch.sin(2 * math.pi * f * t + phase) + 0.1 * torch.randn(16, 1, 64, generator=g))
+    return out
+
+
+class Regressor(nn.Module):
+    """Raw samples in, one number out (a frequency estimate)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv1d(1, 16, 5, padding=2), nn.BatchNorm1d(16), nn.ReLU(),
+                                  nn.Conv1d(16, 32, 5, stride=2, padding=2), nn.BatchNorm1d(32), nn.ReLU())
+        self.fc = nn.Linear(32, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.body(x).mean(-1))
+
+
+class Tagger(nn.Module):
+    """Independent sigmoid scores (multi-label): 12 logits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 12))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class TwoHeads(nn.Module):
+    """A dict output: class logits and an embedding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.trunk = nn.Sequential(nn.Linear(10, 48), nn.ReLU(), nn.Linear(48, 48), nn.ReLU())
+        self.embed, self.head = nn.Linear(48, 8), nn.Linear(48, 5)
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        h = self.trunk(x)
+        return {"logits": self.head(h), "embedding": self.embed(h)}
+
+
+def _cut(model: nn.Module, x, **config):
+    torch.manual_seed(0)
+    teacher = model.eval()
+    student = prunefx.prune(copy.deepcopy(teacher), x, {"ratio": 0.5, "scope": "local", **config},
+                            criterion="l1").model
+    return teacher, student
+
+
+def _gaussian(n: int, shape: tuple[int, ...], seed: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(*shape, generator=g) for _ in range(n)]
+
+
+def _quiet(_msg: str) -> None:
+    pass
+
+
+def test_a_1d_regression_model_is_brought_back_by_mse_distillation() -> None:
+    torch.manual_seed(0)
+    teacher, student = _cut(Regressor(), _sines(1, 0)[0][:1])
+    held = _sines(4, 99)
+
+    def error(model):  # relative output error on held-out signals
+        with torch.no_grad():
+            return float(sum((model(x) - teacher(x)).norm() / teacher(x).norm() for x in held) / len(held))
+
+    before = error(student.eval())
+    result = recover(student, teacher, _sines(16, 1), eval_data=held, metric=lambda m: -error(m),
+                     config=RecoverConfig(steps=150, lr=3e-3, log_every=0), log=_quiet)
+    assert result.losses == {"output": "mse"}
+    assert result.evals[-1]["distill"] < 0.5 * result.evals[0]["distill"]  # held-out distillation loss falls
+    assert error(student.eval()) < 0.5 * before
+    assert result.evals[-1]["metric"] == pytest.approx(-error(student))  # the user's metric, on the recovered model
+    assert not student.training
+
+
+def test_independent_sigmoid_scores_recover_with_the_binary_kl() -> None:
+    torch.manual_seed(0)
+    teacher, student = _cut(Tagger(), torch.randn(1, 20))
+    held = _gaussian(4, (32, 20), 99)
+
+    def agreement(model):  # share of the 12 yes/no decisions that match the teacher's
+        with torch.no_grad():
+            return float(torch.cat([(model(x) > 0) == (teacher(x) > 0) for x in held]).float().mean())
+
+    before = agreement(student.eval())
+    result = recover(student, teacher, _gaussian(16, (32, 20), 1), eval_data=held,
+                     config=RecoverConfig(steps=200, lr=3e-3, loss="bce", temperature=1.0, log_every=0), log=_quiet)
+    assert result.losses == {"output": "bce"}
+    assert result.evals[-1]["distill"] < 0.5 * result.evals[0]["distill"]
+    assert agreement(student.eval()) > before + 0.05 and agreement(student) > 0.88
+
+
+def test_a_dict_output_gets_a_loss_per_leaf_and_named_features_are_distilled() -> None:
+    torch.manual_seed(0)
+    teacher, student = _cut(TwoHeads(), torch.randn(1, 10))
+    held = _gaussian(4, (32, 10), 99)
+
+    def agreement(model):  # top-1 class agreement with the teacher
+        with torch.no_grad():
+            return float(torch.cat([model(x)["logits"].argmax(1) == teacher(x)["logits"].argmax(1)
+                                    for x in held]).float().mean())
+
+    before = agreement(student.eval())
+    result = recover(student, teacher, _gaussian(16, (32, 10), 1), eval_data=held,
+                     config=RecoverConfig(steps=150, lr=3e-3, features=("embed",), log_every=50), log=_quiet)
+    assert result.losses == {"embedding": "mse", "logits": "kl"}  # by leaf name: logits get the KL
+    assert result.evals[-1]["distill"] < 0.5 * result.evals[0]["distill"]
+    assert [h["step"] for h in result.history] == [50, 100, 150]
+    assert agreement(student.eval()) > before + 0.05
+
+
+def test_feature_widths_the_plan_changed_are_refused_with_the_fix() -> None:
+    torch.manual_seed(0)
+    teacher, student = _cut(TwoHeads(), torch.randn(1, 10))
+    with pytest.raises(RecoverError, match="distil features whose width the plan keeps"):
+        recover(student, teacher, _gaussian(2, (8, 10), 1), config=RecoverConfig(steps=2, features=("trunk.0",)),
+                log=_quiet)
+
+
+def test_an_llm_recovers_its_next_token_agreement() -> None:
+    transformers = pytest.importorskip("transformers")
+    from prunefx.integrations import transformers as pfx_hf
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, max_position_embeddings=64)
+    teacher = transformers.LlamaForCausalLM(cfg).eval()
+    ids = _tokens(1, 1)[0][:1]
+    student = pfx_hf.prune(copy.deepcopy(teacher), (ids,), prunefx.PlanConfig(ratio=0.5, scope="local")).model
+    held = _tokens(4, 99)
+
+    def agreement(model):
+        with torch.no_grad():
+            return float(torch.cat([model(x).logits.argmax(-1) == teacher(x).logits.argmax(-1)
+                                    for x in held]).float().mean())
+
+    before = agreement(student.eval())
+    result = recover(student, teacher, [{"input_ids": x} for x in _tokens(16, 1)], eval_data=[
+        {"input_ids": x} for x in held], config=RecoverConfig(steps=120, lr=2e-3, log_every=0), log=_quiet)
+    assert result.losses == {"logits": "kl"}  # the cache object is not a tensor: nothing else is distilled
+    assert result.evals[-1]["distill"] < 0.5 * result.evals[0]["distill"]
+    assert agreement(student.eval()) > before + 0.1
+
+
+def _tokens(n: int, seed: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 64, (8, 16), generator=g) for _ in range(n)]
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_a_run_interrupted_and_resumed_ends_with_the_weights_of_an_uninterrupted_one(tmp_path) -> None:
+    torch.manual_seed(0)
+    teacher, pruned = _cut(Tagger(), torch.randn(1, 20))
+    data = _gaussian(6, (16, 20), 1)
+    cfg = RecoverConfig(steps=20, lr=3e-3, warmup=3, checkpoint_every=5, log_every=0)
+    straight = copy.deepcopy(pruned)
+    recover(straight, teacher, data, config=cfg, log=_quiet)
+
+    calls = []
+
+    def stop_at_the_13th_batch(batch):
+        calls.append(1)
+        if len(calls) == 1 + 13:  # the first is the loss-kind probe; then one per step
+            raise _Stop
+        return batch
+
+    first = copy.deepcopy(pruned)
+    with pytest.raises(_Stop):
+        recover(first, teacher, data, config=cfg, inputs=stop_at_the_13th_batch, checkpoint_dir=tmp_path / "ck",
+                log=_quiet)
+    assert (tmp_path / "ck" / "recover.json").is_file() and (tmp_path / "ck" / "state-10").is_dir()
+    assert not (tmp_path / "ck" / "state-5").exists()  # the older checkpoint is replaced, not kept
+    resumed = copy.deepcopy(pruned)  # a fresh process would rebuild the pruned model: the state brings the weights
+    result = recover(resumed, teacher, data, config=cfg, checkpoint_dir=tmp_path / "ck", resume=True, log=_quiet)
+    assert result.resumed_from == 10 and result.steps == 20
+    for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values(), strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_checkpoint_directories_are_never_overwritten(tmp_path) -> None:
+    teacher, student = _cut(Tagger(), torch.randn(1, 20))
+    data, cfg = _gaussian(2, (8, 20), 1), RecoverConfig(steps=2, log_every=0)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("the user's")
+    with pytest.raises(RecoverError, match="exists and is not empty"):
+        recover(copy.deepcopy(student), teacher, data, config=cfg, checkpoint_dir=mine, log=_quiet)
+    assert (mine / "notes.txt").read_text() == "the user's"
+    ck = tmp_path / "ck"
+    recover(copy.deepcopy(student), teacher, data, config=cfg, checkpoint_dir=ck, log=_quiet)
+    with pytest.raises(RecoverError, match="pass resume=True"):
+        recover(copy.deepcopy(student), teacher, data, config=cfg, checkpoint_dir=ck, log=_quiet)
+    with pytest.raises(RecoverError, match="raise steps"):
+        recover(copy.deepcopy(student), teacher, data, config=cfg, checkpoint_dir=ck, resume=True, log=_quiet)
+    with pytest.raises(RecoverError, match=r"other settings \(lr\)"):
+        recover(copy.deepcopy(student), teacher, data, config=RecoverConfig(steps=4, lr=1.0), checkpoint_dir=ck,
+                resume=True, log=_quiet)
+    with pytest.raises(RecoverError, match="holds no recovery checkpoint"):
+        recover(copy.deepcopy(student), teacher, data, config=cfg, checkpoint_dir=tmp_path / "none", resume=True,
+                log=_quiet)
+
+
+def test_bad_losses_metrics_data_and_settings_are_one_clear_error() -> None:
+    teacher, student = _cut(Tagger(), torch.randn(1, 20))
+    data = _gaussian(2, (8, 20), 1)
+
+    def run(**kwargs):
+        config = kwargs.pop("config", RecoverConfig(steps=2, log_every=0))
+        return recover(copy.deepcopy(student), teacher, kwargs.pop("data", data), config=config, log=_quiet,
+                       **kwargs)
+
+    with pytest.raises(RecoverError, match=r"task_loss returned \(8, 12\), not a scalar"):
+        run(task_loss=lambda out, batch: out)
+    with pytest.raises(RecoverError, match="the loss is nan at step 1; lower lr"):
+        run(task_loss=lambda out, batch: out.sum() * float("nan"))
+    with pytest.raises(RecoverError, match="metric returned 'good'"):
+        run(metric=lambda m: "good")
+    with pytest.raises(RecoverError, match="one-shot iterator"):
+        run(data=iter(data))
+    with pytest.raises(RecoverError, match="data yielded no batch"):
+        run(data=[])
+    with pytest.raises(RecoverError, match="its leaves are: output"):
+        run(config=RecoverConfig(steps=2, loss={"logits": "kl"}))
+    with pytest.raises(ConfigError, match="steps=0"):
+        RecoverConfig(steps=0)
+    with pytest.raises(ConfigError, match="loss 'hinge'"):
+        RecoverConfig(loss="hinge")
+
+
+_TWO_PROCESSES = """
+import sys
+sys.path.insert(0, sys.argv[2])
+import torch, test_recover as t
+from accelerate import Accelerator
+from prunefx.train.recover import RecoverConfig, recover
+acc = Accelerator(cpu=True)
+torch.manual_seed(0)
+teacher, student = t._cut(t.Tagger(), torch.randn(1, 20))
+result = recover(student, teacher, t._gaussian(8, (8, 20), 1), config=t.TWO_PROCESS_CONFIG, accelerator=acc,
+                 log=t._quiet)
+if acc.is_main_process:
+    torch.save({"state": student.state_dict(), "processes": result.processes}, sys.argv[1])
+"""
+TWO_PROCESS_CONFIG = RecoverConfig(steps=12, lr=3e-3, warmup=2, log_every=0)
+
+
+@pytest.mark.slow
+def test_two_processes_under_torchrun_match_one_process_on_the_same_batches(tmp_path) -> None:
+    # Each of 2 ranks takes every other batch and DDP averages the gradients: one process fed each pair of batches
+    # as one batch takes the same steps (the losses are means; the mse scale is the mean over both ranks).
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = tmp_path / "two.py"
+    script.write_text(_TWO_PROCESSES)
+    out = tmp_path / "two.pt"
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                           str(port), str(script), str(out), str(Path(__file__).parent)], capture_output=True,
+                          text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    two = torch.load(out, weights_only=True)
+    assert two["processes"] == 2
+    torch.manual_seed(0)
+    teacher, student = _cut(Tagger(), torch.randn(1, 20))
+    data = _gaussian(8, (8, 20), 1)
+    pairs = [torch.cat(data[i:i + 2]) for i in range(0, 8, 2)]
+    one = recover(student, teacher, pairs, config=TWO_PROCESS_CONFIG, log=_quiet)
+    assert one.processes == 1
+    for name, value in student.state_dict().items():
+        torch.testing.assert_close(two["state"][name], value, rtol=1e-4, atol=1e-5, msg=name)

@@ -139,7 +139,9 @@ def _validate_config(path: str, overrides: list[str]) -> str:
     from prunefx.pipeline.classify_model import is_classifier_spec
 
     config = load_config(path, overrides)
-    if is_classifier_spec(config.get("model")):
+    if config.get("task") == "custom":
+        from prunefx.pipeline.backends.custom import CustomJob as Job
+    elif is_classifier_spec(config.get("model")):
         from prunefx.pipeline.backends.classify import ClassifyJob as Job
     else:
         from prunefx.pipeline.backends.yolo import YoloJob as Job

@@ -32,6 +32,7 @@ ALLOWED: dict[str, set[str]] = {
     "data": set(),
     "train": {"analysis", "data"},
     "zoo": set(),
+    "examples": set(),  # example tasks for the custom pipeline (configs/sine.yaml): torch only
     "inputs": set(),  # example inputs from text (--input shapes with dtypes, tensor files)
     "family": {"checkpoint", "onnx_export", "plan"},  # how a model's library saves, exports and costs it
     "integrations": CORE | {"metrics", "train", "data", "report", "view", "integrations", "onnx_export", "family"},

@@ -27,7 +27,8 @@ def run_config(path: str | os.PathLike[str], overrides: Sequence[str] = (), *,
     from prunefx.pipeline.registry import pipeline_for
     from prunefx.spec import config_family
 
-    run = pipeline_for(config_family(config.get("model")).name)  # the model's family decides the pipeline
+    task = config.get("task") if isinstance(config.get("task"), str) else None
+    run = pipeline_for(config_family(config.get("model")).name, task)  # the model's family (and task) decide
     return run(config, Path(path).stem, log)
 
 

@@ -41,19 +41,25 @@ class Pipeline:
 
 _PIPELINES: dict[str, Pipeline] = {
     "torch": Pipeline("prunefx.pipeline.backends.classify:run_classify_config"),
+    # a config's `task` picks among a family's pipelines: "family/task" is looked up before "family"
+    "torch/custom": Pipeline("prunefx.pipeline.backends.custom:run_custom_config", "accelerate", "the custom-task "
+                             "pipeline (recovery by prunefx.recover)"),
     "ultralytics": Pipeline("prunefx.pipeline.backends.yolo:run_yolo_config", "ultralytics", "the YOLO pipeline"),
 }
 
 
-def register_pipeline(family: str, target: str, *, needs: str | None = None, what: str = "") -> None:
-    """Run configs whose model belongs to ``family`` with ``target`` (``"module:function"``, a :data:`PipelineRun`)."""
-    _PIPELINES[family] = Pipeline(target, needs, what)
+def register_pipeline(family: str, target: str, *, needs: str | None = None, what: str = "",
+                      task: str | None = None) -> None:
+    """Run configs whose model belongs to ``family`` (and whose ``task`` is ``task``, when given) with ``target``
+    (``"module:function"``, a :data:`PipelineRun`)."""
+    _PIPELINES[family if task is None else f"{family}/{task}"] = Pipeline(target, needs, what)
 
 
-def pipeline_for(family: str) -> PipelineRun:
-    """The run function registered for ``family``; ConfigError names the families that have one."""
+def pipeline_for(family: str, task: str | None = None) -> PipelineRun:
+    """The run function registered for ``family`` and ``task`` (else for ``family``); ConfigError names the
+    families that have one."""
     try:
-        pipeline = _PIPELINES[family]
+        pipeline = _PIPELINES.get(f"{family}/{task}") or _PIPELINES[family]
     except KeyError:
         raise ConfigError(f"no pipeline for models of the {family!r} family (pipelines: {', '.join(sorted(_PIPELINES))}"
                           "); register one with prunefx.pipeline.registry.register_pipeline") from None

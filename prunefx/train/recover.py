@@ -18,7 +18,8 @@ gets a distillation loss that fits it, named in ``RecoverResult.losses``:
 * ``skip``: not distilled.
 
 ``config.loss`` sets one kind for every leaf, or a mapping from leaf name (as ``losses`` lists them) to kind.
-``task_loss(student_output, batch)`` (the user's, on their targets) is mixed in as ``(1 - w) * KD + w * task``;
+``task_loss(student_output, batch)`` (the user's, on their targets; ``batch`` as ``data`` yields it, before
+``inputs=``) is mixed in as ``(1 - w) * KD + w * task``;
 ``config.features`` adds a scaled MSE between the two models' outputs at named modules (outputs of the same shape:
 the residual stream, a block's output). AdamW, linear warm-up then cosine (or constant), gradient clipping.
 
@@ -178,8 +179,8 @@ def recover(
         evals.append(evaluate(start))
     try:
         for step in range(start + 1, cfg.steps + 1):
-            batch = to_args(next(stream))
-            args, kwargs = _call(batch, acc.device)
+            batch = next(stream)
+            args, kwargs = _call(to_args(batch), acc.device)
             with torch.no_grad():
                 target = teacher(*args, **kwargs)
             hooks.teacher_done()

@@ -21,8 +21,17 @@ def test_builtin_families_have_their_pipelines() -> None:
     assert registry._PIPELINES["ultralytics"].target.endswith(":run_yolo_config")
 
 
+def test_a_configs_task_picks_among_its_familys_pipelines() -> None:
+    pytest.importorskip("accelerate")
+    from prunefx.pipeline.backends.classify import run_classify_config
+    from prunefx.pipeline.backends.custom import run_custom_config
+
+    assert registry.pipeline_for("torch", "custom") is run_custom_config
+    assert registry.pipeline_for("torch", "classify") is run_classify_config  # no entry of its own: the family's
+
+
 def test_unknown_family_is_one_config_error_naming_the_known_ones() -> None:
-    with pytest.raises(ConfigError, match=r"the .jax. family \(pipelines: torch, ultralytics"):
+    with pytest.raises(ConfigError, match=r"the .jax. family \(pipelines: torch, torch/custom, ultralytics"):
         registry.pipeline_for("jax")
 
 

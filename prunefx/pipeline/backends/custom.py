@@ -1,0 +1,297 @@
+"""The custom-task backend (``task: custom``): the user's trained model, data, metric and loss, recovered by KD.
+
+    prunefx prune configs/sine.yaml trust_code=true
+
+A config names Python callables (``package.module:function``), which run as code, so ``trust_code: true`` must be
+given (in the file or as ``trust_code=true`` on the command line):
+
+* ``model``: returns the trained model (``checkpoint:`` a state_dict file loaded into it, weights-only, if given).
+* ``data``: returns ``{"train": batches, "val": batches}`` (lists or DataLoaders), each batch an
+  ``(inputs, targets)`` pair; ``inputs`` is the model's one positional input (a tensor) or a tuple of them.
+* ``metric``: ``metric(model, val_batches)`` -> a number or a dict of numbers (higher is better for the first).
+* ``task_loss`` (optional): ``task_loss(outputs, batch)`` -> a scalar tensor, mixed into the recovery.
+
+Stages: **baseline** (the model as given: its metric; nothing is trained from scratch), **prune** (the plan,
+rewrite and oracle; ``prune.refit`` / ``scope: sensitivity`` use the first training batches), **finetune**
+(:func:`prunefx.train.recover`: distillation from the baseline on the training batches, ``prune.finetune.epochs``
+passes over them, mixed with ``task_loss`` when given; ``distill: false`` trains on ``task_loss`` alone) and
+**report** (MACs, params, latency, the metric before, after the cut and after recovery). Resumable like every run.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from prunefx._config import field_names, from_dict
+from prunefx.errors import PrunefxError
+from prunefx.metrics import Deployment
+from prunefx.pipeline.run_config import RUN_KEYS, ConfigError, PruneSpec, StageSpec, check_keys
+from prunefx.pipeline.rundir import RunDir
+from prunefx.pipeline.runner import Job, ModelRole, Start, Trained, execute, open_run, preflight
+from prunefx.spec import SpecError, call_factory, resolve_factory
+from prunefx.train.distributed import LOCAL
+from prunefx.train.recover import RecoverConfig, recover
+from prunefx.train.sparsity import SparsityConfig
+
+STAGES = ("baseline", "prune", "finetune", "report")
+_CALLABLES = ("model", "data", "metric", "task_loss")
+TOP_KEYS = ("task", *_CALLABLES, "checkpoint", "trust_code", "prune", *RUN_KEYS)
+# prune.finetune keys: RecoverConfig's, less those the stage derives (steps from epochs, the KD mix from distill_*)
+FINETUNE_KEYS = tuple(k for k in field_names(RecoverConfig) if k not in ("steps", "temperature", "task_weight"))
+
+
+@dataclass(frozen=True)
+class CustomJob(Job):
+    """A validated custom-task config."""
+
+    model: str = ""
+    data: str = ""
+    metric: str = ""
+    task_loss: str | None = None
+    checkpoint: str | None = None
+    distill: bool = True  # prune.finetune.distill, default on here: recovery is distillation unless told otherwise
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], *, config_name: str = "custom") -> CustomJob:
+        """Check every key and that the callables resolve, before any work; raises :class:`ConfigError`."""
+        check_keys(config, TOP_KEYS, "the config (custom task: model, data, metric, task_loss, trust_code, prune:)")
+        if config.get("trust_code") is not True:
+            raise ConfigError("a custom-task config runs the Python it names (model, data, metric, task_loss); "
+                              "add trust_code: true to the config, or trust_code=true on the command line, if you "
+                              "trust that code")
+        for key in ("model", "data", "metric"):
+            if not isinstance(config.get(key), str) or ":" not in config[key]:
+                raise ConfigError(f"{key} must name a function as package.module:function, got {config.get(key)!r}")
+        block = dict(config.get("prune") or {})
+        finetune = dict(block.get("finetune") or {})
+        for key in ("sparsity", "controls"):
+            if block.get(key):
+                raise ConfigError(f"prune.{key} trains from scratch, which a custom task does not (the model comes "
+                                  f"trained); remove prune.{key}")
+        distill = finetune.get("distill", True)
+        spec = PruneSpec.parse({**block, "finetune": {**finetune, "distill": distill}}, train_keys=FINETUNE_KEYS)
+        if not distill and config.get("task_loss") is None:
+            raise ConfigError("prune.finetune.distill is false and no task_loss is given: nothing to recover with; "
+                              "set distill: true or name a task_loss")
+        checkpoint = config.get("checkpoint")
+        job = cls.build(config, config_name, spec, model=config["model"], data=config["data"],
+                        metric=config["metric"], task_loss=config.get("task_loss"),
+                        checkpoint=None if checkpoint is None else str(checkpoint), distill=bool(distill),
+                        stages=STAGES)
+        job.recover_config()  # the finetune block's keys are RecoverConfig's: checked now, not after the cut
+        return job
+
+    def check_inputs(self) -> None:
+        for key in _CALLABLES:
+            spec = getattr(self, key)
+            if spec is not None:
+                try:
+                    resolve_factory(spec)
+                except SpecError as exc:
+                    raise ConfigError(f"{key}: {exc}") from exc
+        if self.checkpoint is not None and not Path(self.checkpoint).is_file():
+            raise ConfigError(f"checkpoint {self.checkpoint} not found; give the path of a state_dict file")
+
+    def recover_config(self, batches: int = 1) -> RecoverConfig:
+        """The recovery of ``prune.finetune``: its keys, ``epochs`` passes over ``batches`` training batches."""
+        ft = self.prune.finetune
+        mix = {"temperature": ft.distill_config.temperature,
+               "task_weight": 1.0 - ft.distill_config.weight if self.distill else 1.0}
+        if self.task_loss is None:
+            mix["task_weight"] = 0.0
+        try:
+            return from_dict(RecoverConfig, {**ft.overrides, **mix, "steps": max(1, ft.epochs * batches)},
+                             "prune.finetune")
+        except PrunefxError as exc:
+            raise ConfigError(str(exc)) from exc
+
+
+class CustomBackend:
+    """The runner's view of a custom task (see :class:`prunefx.pipeline.runner.Backend`)."""
+
+    dist = LOCAL
+    baseline_epochs = 0
+    chance = None
+
+    def __init__(self, job: CustomJob, log: Callable[[str], None] = print) -> None:
+        self.job, self.log = job, log
+        self.root: Path | None = None
+        self.name = job.model
+        self.checkpoint = job.checkpoint or job.model  # the baseline is the model as given: never trained here
+        self._model = self._build()
+        self._data = self._load_data()
+        self._metric = resolve_factory(job.metric)
+        self._task_loss = resolve_factory(job.task_loss) if job.task_loss else None
+        self._models: dict[str, nn.Module] = {}
+        self.primary_metric = next(iter(self._evaluate(self._model)))
+
+    def _build(self) -> nn.Module:
+        from prunefx.pipeline.classify_model import load_weights
+
+        model = call_factory(self.job.model, resolve_factory(self.job.model))
+        if self.job.checkpoint is not None:
+            load_weights(model, self.job.checkpoint, self.job.model, trust_checkpoint=self.job.run.trust_checkpoint)
+        return model.eval()
+
+    def _load_data(self) -> dict[str, list[Any]]:
+        spec = self.job.data
+        try:
+            data = resolve_factory(spec)()
+        except Exception as exc:  # the user's function raised
+            raise ConfigError(f"data: {spec} raised {type(exc).__name__}: {exc}") from exc
+        if not isinstance(data, Mapping) or not {"train", "val"} <= set(data):
+            raise ConfigError(f"data: {spec} returned {type(data).__name__}; return a dict with 'train' and 'val' "
+                              "batches, each batch an (inputs, targets) pair")
+        out = {}
+        for split in ("train", "val"):
+            batches = list(data[split])
+            if not batches:
+                raise ConfigError(f"data: {spec}'s {split} split has no batch")
+            bad = next((i for i, b in enumerate(batches) if not (isinstance(b, (tuple, list)) and len(b) == 2)), None)
+            if bad is not None:
+                raise ConfigError(f"data: {spec}'s {split} batch {bad} is a {type(batches[bad]).__name__}, not an "
+                                  "(inputs, targets) pair; yield (x, y) batches")
+            out[split] = batches
+        try:
+            with torch.no_grad():
+                self._model(*_positional(out["train"][0][0]))
+        except Exception as exc:  # the model cannot take the data's inputs
+            raise ConfigError(f"data: the model {self.job.model} cannot take {spec}'s training inputs "
+                              f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); yield batches of "
+                              "(model inputs, targets)") from exc
+        return out
+
+    def _evaluate(self, model: nn.Module) -> dict[str, float]:
+        from prunefx.train.recover import _number
+
+        was = model.training
+        model.eval()
+        try:
+            value = _number(self._metric(model, self._data["val"]))
+        except PrunefxError as exc:
+            raise ConfigError(f"metric: {self.job.metric}: {exc}") from exc
+        finally:
+            model.train(was)
+        return dict(value) if isinstance(value, dict) else {"metric": value}
+
+    # ---- the runner's Backend --------------------------------------------------------------------------------
+
+    def architecture(self) -> nn.Module:
+        return self._model
+
+    def example_inputs(self) -> tuple[torch.Tensor, ...]:
+        return tuple(x[:1] for x in _positional(self._data["train"][0][0]))
+
+    def prune_inputs(self) -> tuple[torch.Tensor, ...]:
+        return _positional(self._data["train"][0][0])
+
+    def score_kwargs(self, criterion: str) -> dict[str, Any]:
+        return {}
+
+    @property
+    def calibration_source(self) -> str:
+        return f"the first training batches of {self.job.data}"
+
+    def calibration(self, batches: int) -> list[Any]:
+        return [_positional(x) for x, _ in self._data["train"][:batches]]
+
+    def from_checkpoint(self) -> nn.Module:
+        return copy.deepcopy(self._model)
+
+    def fresh(self) -> nn.Module:
+        raise PrunefxError("a custom task trains nothing from scratch (prune.controls is refused)")
+
+    def train(self, out: ModelRole, start: Start, stage: StageSpec, sparsity: SparsityConfig | None) -> Trained:
+        if out != "finetuned" or start != "pruned":
+            raise PrunefxError(f"a custom task trains only the recovery of the pruned model, not {out} from {start}")
+        train = self._data["train"]
+        config = self.job.recover_config(len(train))
+        student = self.load("pruned")
+        result = recover(student, self.load("baseline"), train, config=config, inputs=lambda batch: batch[0],
+                         task_loss=self._task_loss, eval_data=self._data["val"],
+                         metric=lambda model: self._evaluate(model)[self.primary_metric], log=self.log)
+        self.save(student, "finetuned", self._pruned_plan())
+        history = [{"step": h["step"], "loss": h["loss"], "lr": h["lr"]} for h in result.history]
+        distill = {"teacher": "baseline", "losses": dict(result.losses), "steps": result.steps,
+                   "task_weight": config.task_weight, "temperature": config.temperature}
+        return Trained(student, history, distill)
+
+    def load(self, role: ModelRole) -> nn.Module:
+        if role == "baseline":
+            return copy.deepcopy(self._model)
+        if role not in self._models:
+            from prunefx import load
+
+            self._models[role] = load(self.path(role), lambda: copy.deepcopy(self._model))
+        return copy.deepcopy(self._models[role])
+
+    def save(self, model: nn.Module, role: ModelRole, plan: Any = None) -> None:
+        if role == "baseline":
+            return  # the user's model, as given
+        from prunefx import save
+
+        save(model, plan, self.path(role))
+        self._models[role] = copy.deepcopy(model)
+
+    def path(self, role: ModelRole) -> Path:
+        assert self.root is not None, "the runner sets root once the run directory is open"
+        (self.root / "weights").mkdir(exist_ok=True)
+        return self.root / "weights" / f"{role}.pt"
+
+    def evaluate(self, role: ModelRole, model: nn.Module, *, alone: bool = False) -> dict[str, float]:
+        metrics = self._evaluate(model)
+        self.log(f"  {role}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
+        return metrics
+
+    def extra_costs(self, model: nn.Module) -> dict[str, float]:
+        return {}
+
+    def deployment(self) -> Deployment | None:
+        return None
+
+    def settings(self) -> dict[str, Any]:
+        return {"model": self.job.model, "data": self.job.data, "metric": self.job.metric,
+                "task_loss": self.job.task_loss, "batches": {k: len(v) for k, v in self._data.items()},
+                "input_shapes": [list(x.shape) for x in self.example_inputs()]}
+
+    def _pruned_plan(self) -> Any:
+        """The prune stage's plan, as it wrote it (also after a resume)."""
+        from prunefx.plan import PruningPlan
+
+        assert self.root is not None
+        return PruningPlan.from_json((self.root / "plan.json").read_text())
+
+
+def _positional(inputs: Any) -> tuple[torch.Tensor, ...]:
+    if isinstance(inputs, torch.Tensor):
+        return (inputs,)
+    if isinstance(inputs, (tuple, list)) and all(isinstance(x, torch.Tensor) for x in inputs):
+        return tuple(inputs)
+    raise ConfigError(f"a batch's inputs are a {type(inputs).__name__}; the custom pipeline takes a tensor or a "
+                      "tuple of tensors (positional inputs)")
+
+
+def run_custom_config(config: Mapping[str, Any], config_name: str, log: Callable[[str], None]) -> RunDir:
+    """The custom-task pipeline of a loaded config (``task: custom``)."""
+    return run_custom(CustomJob.from_config(config, config_name=config_name), log=log)
+
+
+def run_custom(job: CustomJob, *, log: Callable[[str], None] = print) -> RunDir:
+    """Run (or resume) every stage of ``job``; returns the finished run directory."""
+    backend = CustomBackend(job, log)
+    preflight(job.prune, backend)  # nothing prunable: an error before the directory exists
+    run = open_run(job)
+    log(f"run directory: {run.root}")
+    result = execute(job, backend, run, log=log)
+    assert result is not None
+    return result
+
+
+__all__ = ["STAGES", "CustomBackend", "CustomJob", "run_custom", "run_custom_config"]

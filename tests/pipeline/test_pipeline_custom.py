@@ -1,0 +1,101 @@
+"""`prunefx prune configs/sine.yaml`: a custom task (a 1-D regressor, not an image classifier) pruned and recovered."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+pytest.importorskip("accelerate")
+
+import prunefx
+from prunefx.cli.main import app
+from prunefx.examples import sine
+from prunefx.report import load_report
+
+CONFIG = str(Path(__file__).resolve().parents[2] / "configs" / "sine.yaml")
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path_factory, monkeypatch):
+    # one trained regressor for the module's runs (about 15 s), outside the repository
+    monkeypatch.setenv("PRUNEFX_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+def _prune(*args: str):
+    return CliRunner().invoke(app, ["prune", CONFIG, "trust_code=true", *args])
+
+
+def test_the_sine_regressor_is_pruned_and_recovered_end_to_end(tmp_path: Path) -> None:
+    result = _prune(f"project={tmp_path}", "name=s")
+    assert result.exit_code == 0, result.output
+    run = tmp_path / "s"
+    state = json.loads((run / "state.json").read_text())
+    assert state["status"] == "complete" and list(state["stages"]) == ["baseline", "prune", "finetune", "report"]
+    r2 = {k: state["stages"][k]["metrics"]["r2"] for k in ("baseline", "prune", "finetune")}
+    assert r2["baseline"] > 0.99  # trained here, near its plateau
+    assert r2["prune"] < r2["baseline"] - 0.02  # the cut costs something ...
+    assert r2["finetune"] > r2["prune"] and r2["finetune"] > r2["baseline"] - 0.01  # ... and recovery gives it back
+    ft = state["stages"]["finetune"]
+    assert ft["distill"]["teacher"] == "baseline" and ft["distill"]["losses"] == {"output": "mse"}
+    assert ft["distill"]["steps"] == 4 * 16  # prune.finetune.epochs passes over the 16 training batches
+    report = load_report(run)
+    assert report["stages"]["finetuned"]["metrics"]["r2"] == pytest.approx(r2["finetune"])
+    assert 0.45 < report["stages"]["finetuned"]["flops"] / report["stages"]["baseline"]["flops"] < 0.55
+    # the saved recovered model is an ordinary prunefx checkpoint with the metric the report gives
+    model = prunefx.load(run / "weights" / "finetuned.pt", sine.trained_regressor).eval()
+    assert sine.metric(model, sine.make_data()["val"])["r2"] == pytest.approx(r2["finetune"], abs=1e-5)
+
+
+def test_an_interrupted_recovery_resumes_without_redoing_the_cut(tmp_path: Path, monkeypatch) -> None:
+    import prunefx.pipeline.backends.custom as custom
+
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(custom, "recover", stop)
+    first = _prune(f"project={tmp_path}", "name=r")
+    assert first.exit_code != 0
+    state = json.loads((tmp_path / "r" / "state.json").read_text())
+    assert state["status"] == "interrupted" and set(state["stages"]) == {"baseline", "prune"}
+    pruned = (tmp_path / "r" / "weights" / "pruned.pt").stat().st_mtime_ns
+    monkeypatch.undo()
+    again = _prune(f"project={tmp_path}", "name=r", "resume=true")
+    assert again.exit_code == 0, again.output
+    assert "prune: done earlier, skipped" in again.output
+    assert (tmp_path / "r" / "weights" / "pruned.pt").stat().st_mtime_ns == pruned
+    assert json.loads((tmp_path / "r" / "state.json").read_text())["status"] == "complete"
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["trust_code=false"], "add trust_code: true"),
+    (["data=_custom_task:data_raises"], "raised RuntimeError: the dataset server is down"),
+    (["data=_custom_task:data_not_a_dict"], "return a dict with 'train' and 'val'"),
+    (["data=_custom_task:data_wrong_inputs"], "cannot take _custom_task:data_wrong_inputs's training inputs"),
+    (["metric=_custom_task:metric_text"], "metric returned 'good'; return a finite number"),
+    (["data=_custom_task:nope"], "has no attribute 'nope'"),
+    (["prune.sparsity.epochs=2"], "prune.sparsity trains from scratch"),
+    (["prune.finetune.distill=false", "task_loss=null"], "nothing to recover with"),
+    (["prune.finetune.schedule=linear"], "schedule='linear'"),
+])
+def test_bad_input_is_one_line_exit_2_and_no_run(tmp_path: Path, args: list[str], message: str) -> None:
+    result = _prune(f"project={tmp_path}", "name=bad", *args)
+    assert result.exit_code == 2 and message in result.output.replace("\n", ""), result.output
+    assert not (tmp_path / "bad").exists()
+
+
+def test_a_task_loss_that_is_not_a_scalar_fails_the_stage_with_the_fix(tmp_path: Path) -> None:
+    result = _prune(f"project={tmp_path}", "name=loss", "task_loss=_custom_task:loss_not_scalar")
+    assert result.exit_code == 2 and "not a scalar tensor; reduce it" in result.output.replace("\n", "")
+    state = json.loads((tmp_path / "loss" / "state.json").read_text())
+    assert state["status"] == "failed" and "finetune" not in state["stages"]  # never looks recovered
+    assert not (tmp_path / "loss" / "weights" / "finetuned.pt").exists()
+
+
+def test_the_example_task_is_deterministic_and_its_splits_are_disjoint() -> None:
+    a, b = sine.make_data(), sine.make_data()
+    assert all(torch.equal(x, y) for (x, _), (y, _) in zip(a["train"], b["train"], strict=True))
+    train, val = torch.cat([x for x, _ in a["train"]]), torch.cat([x for x, _ in a["val"]])
+    assert train.shape == (1024, 1, 256) and val.shape == (256, 1, 256)
+    assert torch.cdist(val.flatten(1), train.flatten(1)).min() > 1.0  # no validation signal is a training one

@@ -90,8 +90,9 @@ def task_loss(out: torch.Tensor, batch: tuple[torch.Tensor, torch.Tensor]) -> to
 
 def metric(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, float]:
     """R^2 of the frequency estimate (1 is perfect, 0 is guessing the mean) and its mean absolute error in Hz."""
+    device = next(model.parameters()).device  # recovery may evaluate it on its accelerator
     with torch.no_grad():
-        pred = torch.cat([model(x) for x, _ in batches])
+        pred = torch.cat([model(x.to(device)).cpu() for x, _ in batches])
     f = torch.cat([f for _, f in batches])
     r2 = 1 - float((pred - f).square().sum() / (f - f.mean()).square().sum())
     return {"r2": r2, "mae_hz": float((pred - f).abs().mean())}

@@ -19,9 +19,11 @@ gets a distillation loss that fits it, named in ``RecoverResult.losses``:
 
 ``config.loss`` sets one kind for every leaf, or a mapping from leaf name (as ``losses`` lists them) to kind.
 ``task_loss(student_output, batch)`` (the user's, on their targets; ``batch`` as ``data`` yields it, before
-``inputs=``) is mixed in as ``(1 - w) * KD + w * task``;
-``config.features`` adds a scaled MSE between the two models' outputs at named modules (outputs of the same shape:
-the residual stream, a block's output). AdamW, linear warm-up then cosine (or constant), gradient clipping.
+``inputs=``) is mixed in as ``(1 - w) * KD + w * task``; ``config.features`` adds a scaled MSE between the two
+models' outputs at named modules (outputs of the same shape: the residual stream, a block's output). AdamW,
+linear warm-up then cosine (or constant), gradient clipping. ``metric(model)`` is called with the model on the
+accelerator's device (move its batches there). Both models end on the device they started on, the teacher in the
+mode and with the ``requires_grad`` flags it was given.
 
 The engine is Hugging Face ``accelerate``: one loop for the CPU, one GPU, DDP (``accelerate launch``), FSDP or
 DeepSpeed through accelerate's own config, checkpoints through ``Accelerator.save_state`` (safetensors weights;
@@ -146,7 +148,9 @@ def recover(
     start = _resume_point(root, cfg, resume)
     set_seed(cfg.seed)
     batches = _batches(data, acc)
-    teacher = teacher.to(acc.device).eval().requires_grad_(False)
+    homes = [(m, next((p.device for p in m.parameters()), None), m.training, [p.requires_grad for p in
+                                                                           m.parameters()]) for m in (student, teacher)]
+    teacher.to(acc.device).eval().requires_grad_(False)
     student.to(acc.device).train()
     to_args = inputs or (lambda b: b)
     first = next(iter(batches()), None)
@@ -213,6 +217,12 @@ def recover(
     if eval_data is not None or metric is not None:
         evals.append(evaluate(cfg.steps))
     model.eval()
+    for m, device, _, _grads in homes:  # both models end where they started (the teacher as it was given)
+        if device is not None:
+            m.to(device)
+    for p, grad in zip(teacher.parameters(), homes[1][3], strict=True):
+        p.requires_grad_(grad)
+    teacher.train(homes[1][2])
     return RecoverResult(cfg.steps, kinds, tuple(history), tuple(evals), time.perf_counter() - began, start,
                          acc.num_processes)
 

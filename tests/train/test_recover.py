@@ -305,3 +305,14 @@ def test_two_processes_under_torchrun_match_one_process_on_the_same_batches(tmp_
     assert one.processes == 1
     for name, value in student.state_dict().items():
         torch.testing.assert_close(two["state"][name], value, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_the_teacher_is_given_back_unchanged_in_its_mode() -> None:
+    teacher, student = _cut(Tagger(), torch.randn(1, 20))
+    teacher.train()
+    before = {k: v.clone() for k, v in teacher.state_dict().items()}
+    recover(student, teacher, _gaussian(4, (8, 20), 1), config=RecoverConfig(steps=8, lr=1e-2, log_every=0),
+            log=_quiet)
+    assert teacher.training and all(p.requires_grad for p in teacher.parameters())
+    assert all(torch.equal(before[k], v) for k, v in teacher.state_dict().items())
+    assert not student.training and all(p.requires_grad for p in student.parameters())

@@ -99,3 +99,21 @@ def test_the_example_task_is_deterministic_and_its_splits_are_disjoint() -> None
     train, val = torch.cat([x for x, _ in a["train"]]), torch.cat([x for x, _ in a["val"]])
     assert train.shape == (1024, 1, 256) and val.shape == (256, 1, 256)
     assert torch.cdist(val.flatten(1), train.flatten(1)).min() > 1.0  # no validation signal is a training one
+
+
+@pytest.mark.slow
+def test_a_byte_level_llama_is_cut_refitted_and_distilled(tmp_path: Path) -> None:
+    # configs/stdlib_lm.yaml: heads and MLP units halved, the re-fit on training windows, KL on the logits mixed
+    # with the next-byte loss; perplexity per byte on held-out standard-library bytes at each stage.
+    pytest.importorskip("transformers")
+    config = str(Path(__file__).resolve().parents[2] / "configs" / "stdlib_lm.yaml")
+    result = CliRunner().invoke(app, ["prune", config, "trust_code=true", f"project={tmp_path}", "name=lm"])
+    assert result.exit_code == 0, result.output
+    state = json.loads((tmp_path / "lm" / "state.json").read_text())
+    ppl = {k: state["stages"][k]["metrics"]["ppl"] for k in ("baseline", "prune", "finetune")}
+    assert ppl["baseline"] < 10  # trained: far below the 256 of a uniform guess
+    assert ppl["prune"] > ppl["baseline"] and ppl["finetune"] < ppl["prune"]
+    refit = state["stages"]["prune"]["refit"]
+    assert {x["name"].rsplit(".", 1)[-1] for x in refit["layers"]} == {"o_proj", "down_proj"}
+    assert refit["after"] < refit["before"]
+    assert state["stages"]["finetune"]["distill"]["losses"] == {"logits": "kl"}

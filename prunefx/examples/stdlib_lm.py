@@ -1,0 +1,127 @@
+"""A small causal language model on a corpus every machine has: the running Python's standard-library sources.
+
+    model = trained_lm()                 # a 4-layer Llama (transformers), byte-level, trained on first use, cached
+    data = make_data()                   # {"train": [(ids, ids), ...], "val": [...]}: 128-byte windows
+    metric(model, data["val"])           # {"ppl": ..., "bits_per_byte": ...}
+
+The corpus is a fixed list of ten standard-library modules (:data:`FILES`, present in CPython 3.11 and later),
+read as bytes (token = byte, 256 ids); its SHA-256 (:func:`corpus_hash`) is part of the cache key and of every
+result, since another Python version ships other sources. The last 10% of the bytes are held out for validation.
+The trained model is a state_dict under ``$PRUNEFX_CACHE_DIR/examples`` (default ``.cache/examples``), keyed by
+:data:`VERSION`, the corpus hash, the seed and the step count. Needs ``transformers`` (``prunefx[hf]``).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+import os
+import sysconfig
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from prunefx._extras import require
+
+VERSION = 1  # bump when the corpus list, the model or the recipe changes: the cache key
+FILES = ("argparse.py", "dataclasses.py", "difflib.py", "enum.py", "functools.py", "inspect.py", "shutil.py",
+         "tarfile.py", "textwrap.py", "typing.py")
+SEQ, BATCH = 128, 16
+STEPS, LR = 600, 3e-3  # AdamW, cosine decay
+
+
+@functools.cache
+def corpus() -> bytes:
+    """The corpus: :data:`FILES` of this Python's standard library, concatenated in that order."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    missing = [f for f in FILES if not (root / f).is_file()]
+    if missing:
+        raise FileNotFoundError(f"the standard library at {root} lacks {', '.join(missing)}; the corpus needs "
+                                "CPython 3.11 or later with its sources")
+    return b"".join((root / f).read_bytes() for f in FILES)
+
+
+def corpus_hash() -> str:
+    """SHA-256 of :func:`corpus`, first 16 hex digits."""
+    return hashlib.sha256(corpus()).hexdigest()[:16]
+
+
+def _split(name: str) -> torch.Tensor:
+    ids = torch.frombuffer(bytearray(corpus()), dtype=torch.uint8).long()
+    cut = int(len(ids) * 0.9)
+    return ids[:cut] if name == "train" else ids[cut:]
+
+
+def make_data(n_train: int = 32, n_val: int = 8, batch: int = BATCH, seq: int = SEQ) -> dict[str, list[tuple]]:
+    """Batches of (ids, ids) byte windows: training windows at seeded random offsets, validation ones contiguous."""
+    out = {}
+    g = torch.Generator().manual_seed(0)
+    for split, n in (("train", n_train), ("val", n_val)):
+        ids = _split(split)
+        if split == "train":
+            starts = torch.randint(0, len(ids) - seq, (n * batch,), generator=g)
+        else:
+            starts = torch.arange(n * batch) * ((len(ids) - seq) // (n * batch))
+        windows = torch.stack([ids[s:s + seq] for s in starts.tolist()])
+        out[split] = [(w, w) for w in windows.split(batch)]
+    return out
+
+
+def tiny_llama() -> nn.Module:
+    """A 4-layer Llama: hidden 128, 4 query heads over 2 KV heads, MLP 384, byte vocabulary."""
+    transformers = require("transformers", "prunefx.examples.stdlib_lm")
+    config = transformers.LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=SEQ,
+                                      bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    return transformers.LlamaForCausalLM(config)
+
+
+def trained_lm(seed: int = 0, steps: int = STEPS) -> nn.Module:
+    """:func:`tiny_llama` trained on the corpus's training bytes (cached; see the module docstring)."""
+    root = Path(os.environ.get("PRUNEFX_CACHE_DIR") or ".cache") / "examples"
+    path = root / f"stdlib-lm-v{VERSION}-{corpus_hash()}-seed{seed}-steps{steps}.pt"
+    torch.manual_seed(seed)
+    model = tiny_llama()
+    if path.is_file():
+        model.load_state_dict(torch.load(path, weights_only=True))
+        return model.eval()
+    ids = _split("train")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps)
+    g = torch.Generator().manual_seed(seed)
+    model.train()
+    for _ in range(steps):
+        starts = torch.randint(0, len(ids) - SEQ, (BATCH,), generator=g)
+        batch = torch.stack([ids[s:s + SEQ] for s in starts.tolist()])
+        loss = task_loss(model(batch), (batch, batch))
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save(model.state_dict(), tmp)
+    tmp.replace(path)  # whole or absent: a second process never reads half a file
+    return model.eval()
+
+
+def _logits(out) -> torch.Tensor:
+    return out.logits if hasattr(out, "logits") else out
+
+
+def task_loss(out, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Next-byte cross-entropy (nats per byte)."""
+    logits, ids = _logits(out), batch[1].to(_logits(out).device)
+    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+
+
+def metric(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, float]:
+    """Perplexity per byte on ``batches`` (lower is better) and the same as bits per byte."""
+    device = next(model.parameters()).device  # recovery may evaluate it on its accelerator
+    with torch.no_grad():
+        nats = sum(float(task_loss(model(x.to(device)), (x, y))) for x, y in batches) / len(batches)
+    return {"ppl": math.exp(nats), "bits_per_byte": nats / math.log(2)}

@@ -13,12 +13,12 @@ window; the target is f. Everything is generated from seeds: the training set (s
 from __future__ import annotations
 
 import math
-import os
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from prunefx.examples._cache import cached
 
 VERSION = 1  # bump when the data, the model or the recipe changes: the cache key
 LENGTH, LOW, HIGH, NOISE = 256, 1.0, 20.0, 0.3
@@ -57,30 +57,22 @@ def regressor(width: int = 32) -> nn.Sequential:
 
 def trained_regressor(seed: int = 0, steps: int = STEPS) -> nn.Module:
     """:func:`regressor` trained on :func:`make_data`'s training set (cached; see the module docstring)."""
-    root = Path(os.environ.get("PRUNEFX_CACHE_DIR") or ".cache") / "examples"
-    path = root / f"sine-v{VERSION}-seed{seed}-steps{steps}.pt"
     torch.manual_seed(seed)
-    model = regressor()
-    if path.is_file():
-        model.load_state_dict(torch.load(path, weights_only=True))
-        return model.eval()
-    x, f = signals(1024, 0)
-    optimizer = torch.optim.Adam(model.parameters(), lr=LR)
-    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps)
-    g = torch.Generator().manual_seed(seed)
-    model.train()
-    for _ in range(steps):
-        pick = torch.randint(0, len(x), (BATCH,), generator=g)
-        loss = task_loss(model(x[pick]), (x[pick], f[pick]))
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        schedule.step()
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save(model.state_dict(), tmp)
-    tmp.replace(path)  # whole or absent: a second process never reads half a file
-    return model.eval()
+
+    def train(model: nn.Module) -> None:
+        x, f = signals(1024, 0)
+        optimizer = torch.optim.Adam(model.parameters(), lr=LR)
+        schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps)
+        g = torch.Generator().manual_seed(seed)
+        for _ in range(steps):
+            pick = torch.randint(0, len(x), (BATCH,), generator=g)
+            loss = task_loss(model(x[pick]), (x[pick], f[pick]))
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            schedule.step()
+
+    return cached(regressor(), f"sine-v{VERSION}-seed{seed}-steps{steps}", train)
 
 
 def task_loss(out: torch.Tensor, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:

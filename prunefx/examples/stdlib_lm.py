@@ -16,7 +16,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
-import os
 import sysconfig
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from prunefx._extras import require
+from prunefx.examples._cache import cached
 
 VERSION = 1  # bump when the corpus list, the model or the recipe changes: the cache key
 FILES = ("argparse.py", "dataclasses.py", "difflib.py", "enum.py", "functools.py", "inspect.py", "shutil.py",
@@ -81,32 +81,24 @@ def tiny_llama() -> nn.Module:
 
 def trained_lm(seed: int = 0, steps: int = STEPS) -> nn.Module:
     """:func:`tiny_llama` trained on the corpus's training bytes (cached; see the module docstring)."""
-    root = Path(os.environ.get("PRUNEFX_CACHE_DIR") or ".cache") / "examples"
-    path = root / f"stdlib-lm-v{VERSION}-{corpus_hash()}-seed{seed}-steps{steps}.pt"
     torch.manual_seed(seed)
-    model = tiny_llama()
-    if path.is_file():
-        model.load_state_dict(torch.load(path, weights_only=True))
-        return model.eval()
-    ids = _split("train")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
-    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps)
-    g = torch.Generator().manual_seed(seed)
-    model.train()
-    for _ in range(steps):
-        starts = torch.randint(0, len(ids) - SEQ, (BATCH,), generator=g)
-        batch = torch.stack([ids[s:s + SEQ] for s in starts.tolist()])
-        loss = task_loss(model(batch), (batch, batch))
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save(model.state_dict(), tmp)
-    tmp.replace(path)  # whole or absent: a second process never reads half a file
-    return model.eval()
+
+    def train(model: nn.Module) -> None:
+        ids = _split("train")
+        optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
+        schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps)
+        g = torch.Generator().manual_seed(seed)
+        for _ in range(steps):
+            starts = torch.randint(0, len(ids) - SEQ, (BATCH,), generator=g)
+            batch = torch.stack([ids[s:s + SEQ] for s in starts.tolist()])
+            loss = task_loss(model(batch), (batch, batch))
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            schedule.step()
+
+    return cached(tiny_llama(), f"stdlib-lm-v{VERSION}-{corpus_hash()}-seed{seed}-steps{steps}", train)
 
 
 def _logits(out) -> torch.Tensor:

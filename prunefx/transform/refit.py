@@ -292,16 +292,31 @@ def _calls(original: nn.Module, layers: dict[str, _Layer], batches: list[tuple])
 
         return fn
 
-    handles = [original.get_submodule(n).register_forward_hook(hook(n)) for n in layers]
+    _passes(original, {n: hook(n) for n in layers}, batches, at)
+    return order, calls
+
+
+def _passes(model: nn.Module, hooks: dict[str, Any], batches: list[tuple], at: list[int],
+            run: list[int] | None = None) -> None:
+    """``batches`` through ``model`` (evaluation mode, no gradients) with forward ``hooks`` (module name -> hook).
+
+    ``at[0]`` is the batch index while it runs; a hook ends a batch's pass early by raising :class:`_Enough`;
+    ``run``: per batch, 0 skips it.
+    """
+    handles = [model.get_submodule(n).register_forward_hook(h) for n, h in hooks.items()]
     try:
-        with training_mode(original, False), torch.no_grad():
+        with training_mode(model, False), torch.no_grad():
             for b, batch in enumerate(batches):
+                if run is not None and not run[b]:
+                    continue
                 at[0] = b
-                _run(original, batch)
+                try:
+                    _run(model, batch)
+                except _Enough:
+                    pass
     finally:
         for h in handles:
             h.remove()
-    return order, calls
 
 
 def _targets(
@@ -336,20 +351,7 @@ def _targets(
 
         return fn
 
-    handles = [original.get_submodule(n).register_forward_hook(hook(n)) for n in layers]
-    try:
-        with training_mode(original, False), torch.no_grad():
-            for b, batch in enumerate(batches):
-                at[0] = b
-                if stop_after is not None and not stop_after[b]:
-                    continue
-                try:
-                    _run(original, batch)
-                except _Enough:
-                    pass
-    finally:
-        for h in handles:
-            h.remove()
+    _passes(original, {n: hook(n) for n in layers}, batches, at, stop_after)
     return rows, order
 
 

@@ -130,7 +130,9 @@ class CustomBackend:
         self._metric = resolve_factory(job.metric)
         self._task_loss = resolve_factory(job.task_loss) if job.task_loss else None
         self._models: dict[str, nn.Module] = {}
-        self.primary_metric = next(iter(self._evaluate(self._model)))
+        # The metric checked on the model as given before any run directory exists; the baseline stage reuses it.
+        self._baseline_metrics = self._evaluate(self._model)
+        self.primary_metric = next(iter(self._baseline_metrics))  # the key the recovery's evaluations report
 
     def _build(self) -> nn.Module:
         from prunefx.pipeline.classify_model import load_weights
@@ -179,7 +181,10 @@ class CustomBackend:
             raise ConfigError(f"metric: {self.job.metric}: {exc}") from exc
         finally:
             model.train(was)
-        return dict(value) if isinstance(value, dict) else {"metric": value}
+        metrics = dict(value) if isinstance(value, dict) else {"metric": value}
+        if not metrics:
+            raise ConfigError(f"metric: {self.job.metric} returned an empty dict; return a number or a dict of them")
+        return metrics
 
     # ---- the runner's Backend --------------------------------------------------------------------------------
 
@@ -246,7 +251,7 @@ class CustomBackend:
         return self.root / "weights" / f"{role}.pt"
 
     def evaluate(self, role: ModelRole, model: nn.Module, *, alone: bool = False) -> dict[str, float]:
-        metrics = self._evaluate(model)
+        metrics = dict(self._baseline_metrics) if role == "baseline" else self._evaluate(model)
         self.log(f"  {role}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
         return metrics
 

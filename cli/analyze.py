@@ -14,7 +14,7 @@ def analyze(
     spec: Annotated[str, typer.Argument(metavar="SPEC", help=f"Model: {FORMS}.")],
     imgsz: Annotated[int | None, typer.Option(help=f"Input image size (default: {SIZES}).")] = None,
     inputs: Annotated[
-        list[str] | None, typer.Option("--input", metavar="SHAPE[:DTYPE]|FILE", help=INPUT_HELP)
+        list[str] | None, typer.Option("--input", metavar="[NAME=]SHAPE[:DTYPE]|FILE|MOD:FN", help=INPUT_HELP)
     ] = None,
     json_path: Annotated[
         Path | None,

@@ -36,7 +36,7 @@ def flops(
     spec: Annotated[str, typer.Argument(metavar="SPEC", help=f"Model: {FORMS}.")],
     imgsz: Annotated[int | None, typer.Option(help=f"Input image size (default: {SIZES}).")] = None,
     inputs: Annotated[
-        list[str] | None, typer.Option("--input", metavar="SHAPE[:DTYPE]|FILE", help=INPUT_HELP)
+        list[str] | None, typer.Option("--input", metavar="[NAME=]SHAPE[:DTYPE]|FILE|MOD:FN", help=INPUT_HELP)
     ] = None,
     batch: Annotated[int, typer.Option(min=1, help="Batch size of the measured forward.")] = 1,
     by: Annotated[By, typer.Option(help="Break MACs down by leaf module or by aten op.")] = By.module,

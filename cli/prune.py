@@ -85,7 +85,7 @@ def prune(
     ] = 1,
     imgsz: Annotated[int | None, typer.Option(help=f"Input image size (default: {SIZES}).")] = None,
     inputs: Annotated[
-        list[str] | None, typer.Option("--input", metavar="SHAPE[:DTYPE]|FILE", help=INPUT_HELP)
+        list[str] | None, typer.Option("--input", metavar="[NAME=]SHAPE[:DTYPE]|FILE|MOD:FN", help=INPUT_HELP)
     ] = None,
     out: Annotated[Path | None, typer.Option(help="Run directory (default: runs/prune/<model>).")] = None,
     exist_ok: Annotated[bool, typer.Option(help="Replace an existing run directory (only a prunefx run).")] = False,
@@ -211,14 +211,15 @@ def _check_out(run_dir: Path, exist_ok: bool) -> None:
 def _check_train_mode(loaded: "LoadedModel") -> None:
     """The original must run in train mode on the example input: the oracle checks the pruned model in both modes."""
     import torch
+    from torch.utils._pytree import tree_leaves
 
     probe = copy.deepcopy(loaded.model).train()  # a copy: train-mode forwards update BatchNorm statistics
     try:
         with torch.no_grad():
             probe(*loaded.example_inputs)
     except Exception as exc:  # any failure means the check cannot run here
-        first = loaded.example_inputs[0]
-        shape = "x".join(map(str, first.shape)) if hasattr(first, "shape") else type(first).__name__
+        shape = ", ".join("x".join(map(str, t.shape)) for t in tree_leaves(loaded.example_inputs)
+                          if isinstance(t, torch.Tensor)) or "non-tensor"
         detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         fix = "give inputs it accepts in train mode (--input)" if loaded.given else "give a larger --imgsz"
         raise PrunefxError(

@@ -19,7 +19,7 @@ from prunefx import integrations  # noqa: F401 - names the built-in plugins; imp
 
 # public name -> the module that defines it
 _PUBLIC = {
-    "trace": "prunefx.capture", "register_leaf": "prunefx.capture",
+    "Inputs": "prunefx.capture.inputs", "trace": "prunefx.capture", "register_leaf": "prunefx.capture",
     "analyze": "prunefx.analysis", "DependencyGraph": "prunefx.analysis", "Group": "prunefx.analysis",
     "Member": "prunefx.analysis", "register_rule": "prunefx.analysis.rules",
     "score": "prunefx.importance", "Scores": "prunefx.importance", "register_criterion": "prunefx.importance",
@@ -33,7 +33,7 @@ _PUBLIC = {
     "PrunefxError": "prunefx.errors", "VerificationError": "prunefx.errors", "ScoreScaleWarning": "prunefx.errors",
 }  # fmt: skip
 __all__ = [  # in pipeline order, as docs/api.md introduces them
-    "trace", "register_leaf", "analyze", "DependencyGraph", "Group", "Member", "register_rule",
+    "Inputs", "trace", "register_leaf", "analyze", "DependencyGraph", "Group", "Member", "register_rule",
     "score", "Scores", "register_criterion", "make_plan", "PlanConfig", "PlanError", "PruningPlan", "CostModel",
     "apply_plan", "register_fixer", "verify", "VerifyResult", "prune", "PruneResult", "save", "load", "recover",
     "RecoverConfig", "PrunefxError", "VerificationError", "ScoreScaleWarning",
@@ -72,6 +72,7 @@ if TYPE_CHECKING:  # what the names are, for type checkers and editors
     from prunefx.analysis.rules import register_rule
     from prunefx.api import PruneResult, prune
     from prunefx.capture import register_leaf, trace
+    from prunefx.capture.inputs import Inputs
     from prunefx.checkpoint import load, save
     from prunefx.errors import PrunefxError, ScoreScaleWarning
     from prunefx.importance import Scores, register_criterion, score

@@ -29,4 +29,5 @@ TRUST_HELP = (  # for --trust-checkpoint
 # --input of the commands that build a SPEC (prunefx.inputs reads it; kept here so --help imports nothing heavy)
 INPUT_HELP = ("Example input instead of an image, repeatable (one positional input each): a shape with an optional "
               "dtype, e.g. 1x1x1024 or 1x128:int64 (integers drawn from 0..15), or a .pt file of tensors "
-              "(read weights-only).")
+              "(read weights-only; a dict is keyword inputs); NAME=SHAPE or NAME=FILE for a keyword input "
+              "(input_ids=1x16:int64); or package.module:function returning the inputs.")

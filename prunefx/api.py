@@ -30,6 +30,7 @@ from torch import nn
 from prunefx._config import from_dict
 from prunefx.analysis import Capture, DependencyGraph, analyze
 from prunefx.analysis.parts import PartialCapture, check_inputs
+from prunefx.capture.inputs import Inputs, positional
 from prunefx.errors import PrunefxError, ScoreScaleWarning, TiedScoresWarning, VerificationError
 from prunefx.importance import Scores, compensates, score, ties_at_cut
 from prunefx.metrics import Deployment
@@ -73,7 +74,7 @@ class PruneResult:
 
 def prune(
     model: nn.Module,
-    example_inputs: Sequence[Any] | torch.Tensor,
+    example_inputs: Sequence[Any] | Mapping[str, Any] | Inputs | torch.Tensor,
     config: PlanConfig | Mapping[str, Any] | None = None,
     *,
     criterion: str = "bn_scale",
@@ -91,6 +92,9 @@ def prune(
     """Prune ``model`` in place to ``config``'s target and (with ``check``) verify it against the masked original.
 
     ``config`` defaults to ``PlanConfig()``: keep half the FLOPs; a mapping of its fields (``{"flops": 0.5}``) works.
+    ``example_inputs``: a tensor, the positional inputs (a list or tuple), keyword inputs (a mapping,
+    ``{"input_ids": ids, "pixel_values": px}``) or both (``prunefx.Inputs(x, mask=m)``); keyword inputs are bound by
+    ``model.forward``'s signature (:mod:`prunefx.capture.inputs`), so every stage runs the same call.
 
     ``bias_compensation`` (default: the criterion's registration, on for ``bn_scale``) folds the removed channels'
     mean contribution into their consumers first; the oracle then checks against the equally compensated original.
@@ -107,8 +111,8 @@ def prune(
     ``calibration``: the user's data, passed once (read once into a list): batches of model inputs, or
     ``(inputs, targets)`` pairs (what criterion "taylor" needs); it goes to :func:`prunefx.importance.score` as
     is, and wherever prunefx runs the model on it (``refit``) each batch's model inputs are read by
-    :func:`_calibration_inputs`' rule: a 2-tuple is ``(inputs, targets)``; inputs are a tensor or a list of
-    positional inputs.
+    :func:`_calibration_inputs`' rule: a 2-tuple is ``(inputs, targets)``; inputs are a tensor, a list of
+    positional inputs, or keyword inputs (a dict, e.g. a tokenizer's batch, or ``prunefx.Inputs``).
     ``refit`` re-fits, after the cut, every layer that lost input channels by least squares to reproduce the
     original layer's output on ``calibration`` (:func:`prunefx.transform.refit`; it replaces bias compensation);
     the oracle checks the structure before it, ``PruneResult.refit`` gives each layer's error before and after.
@@ -136,7 +140,7 @@ def prune(
         for own in ("model", "example_inputs", "config", "steps", "score_kwargs"):
             del passed[own]
         return prune_in_steps(prune, model, example_inputs, _plan_config(config), steps, **passed, **score_kwargs)
-    example_inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
+    example_inputs = positional(model, example_inputs)
     config = _plan_config(config)
     refit_inputs = _refit_inputs(model, calibration, bias_compensation) if refit else None  # before any work
     if config.scope == "sensitivity" and calibration is None:  # refused before any work
@@ -183,10 +187,10 @@ def prune(
                        sensitivity=curves)
 
 
-def _calibration_inputs(calibration: Iterable[Any]) -> list[tuple]:
+def _calibration_inputs(calibration: Iterable[Any], model: nn.Module) -> list[tuple]:
     """Each calibration batch's positional model inputs, by the rule of
     :func:`prunefx.sensitivity.calibration_batches` (a 2-tuple is ``(inputs, targets)``)."""
-    return [inputs for inputs, _ in calibration_batches(calibration)]
+    return [inputs for inputs, _ in calibration_batches(calibration, model=model)]
 
 
 def _refit_inputs(model: nn.Module, calibration: list | None, bias_compensation: bool | None) -> list[tuple]:
@@ -197,7 +201,7 @@ def _refit_inputs(model: nn.Module, calibration: list | None, bias_compensation:
     if bias_compensation:
         raise PrunefxError("refit=True replaces bias compensation (it re-solves each bias); leave "
                            "bias_compensation unset or False")
-    batches = _calibration_inputs(calibration)
+    batches = _calibration_inputs(calibration, model)
     check_calibration(model, batches)  # a batch the model cannot take is refused while it is whole
     return batches
 

@@ -19,6 +19,7 @@ from torch import nn
 
 from prunefx._io import atomic_torch_save, load_torch_file
 from prunefx.analysis import analyze
+from prunefx.capture.inputs import positional, rebuilt
 from prunefx.errors import PrunefxError, UntrustedFileError
 from prunefx.plan import PruningPlan
 from prunefx.transform.rewrite import apply_plan
@@ -45,8 +46,8 @@ def load(
 
     Returns the module to use (as :func:`prunefx.apply_plan` does): the model, or the rewritten GraphModule when
     the plan was made with ``graph_rewrite`` (recorded in the plan; the argument forces it for older plans).
-    ``example_inputs``: what the re-analysis feeds the model (default: float zeros of the plan's input shapes; a
-    language model needs integer token ids of those shapes).
+    ``example_inputs``: what the re-analysis feeds the model (default: zeros of the plan's input shapes and dtypes,
+    keyword inputs at the positions they were bound to; a plan from before dtypes were recorded gets float zeros).
     """
     try:
         payload = load_torch_file(path)  # weights-only: a prunefx.save file is tensors and plain data
@@ -64,7 +65,15 @@ def load(
         raise PrunefxError(f"{path} is not a prunefx checkpoint (expected format {FORMAT!r})")
     plan = PruningPlan.from_dict(payload["plan"])
     model = base_model_factory()
-    inputs = tuple(example_inputs) if example_inputs is not None else tuple(torch.zeros(s) for s in plan.input_shapes)
+    if example_inputs is not None:
+        inputs = positional(model, example_inputs)
+    elif plan.input_kinds:
+        inputs = rebuilt(plan.input_shapes, plan.input_kinds)
+        if inputs is None:
+            raise PrunefxError(f"{path}: the plan's example inputs were not plain tensors; pass "
+                               "prunefx.load(..., example_inputs=...) as they were given to prune")
+    else:
+        inputs = tuple(torch.zeros(s) for s in plan.input_shapes)
     dg = analyze(model, inputs)
     pruned = apply_plan(model, dg, plan, graph_rewrite=graph_rewrite or bool(plan.target.get("graph_rewrite")))
     pruned.load_state_dict(payload["state_dict"])

@@ -26,6 +26,7 @@ from torch.nn.utils import parametrize
 
 from prunefx.analysis.groups import Group, Member
 from prunefx.analysis.roles import CHANNEL, IN, Kind
+from prunefx.capture.inputs import positional
 from prunefx.errors import PrunefxError
 
 if TYPE_CHECKING:
@@ -158,7 +159,7 @@ class ScoreContext:
             with torch.no_grad():
                 for item in self.calibration:
                     inputs = item[0] if isinstance(item, tuple) and len(item) == 2 else item
-                    _call(self.model, _to(inputs, device))
+                    _call(self.model, inputs, device)
                     batches += 1
         finally:
             for h in handles:
@@ -200,7 +201,7 @@ class ScoreContext:
                 p.requires_grad_(True)  # frozen layers are scored too
             for inputs, targets in self.calibration:
                 with torch.enable_grad():
-                    loss = self.loss_fn(_call(self.model, _to(inputs, device)), _to(targets, device))
+                    loss = self.loss_fn(_call(self.model, inputs, device), _to(targets, device))
                     grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
                 with torch.no_grad():
                     for (name, p), g in zip(params.items(), grads, strict=True):
@@ -495,12 +496,9 @@ def _numpy(t: torch.Tensor) -> np.ndarray:
     return t.detach().to("cpu", torch.float64).numpy()
 
 
-def _call(model: nn.Module, inputs: Any) -> Any:
-    if isinstance(inputs, dict):
-        return model(**inputs)
-    if isinstance(inputs, (tuple, list)):
-        return model(*inputs)
-    return model(inputs)
+def _call(model: nn.Module, inputs: Any, device: torch.device) -> Any:
+    """``model`` on one calibration batch's inputs (a tensor, positional inputs, or keyword inputs), on ``device``."""
+    return model(*_to(positional(model, inputs), device))
 
 
 def _to(x: Any, device: torch.device) -> Any:

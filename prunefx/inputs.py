@@ -1,15 +1,21 @@
-"""Example inputs from text: shapes with dtypes (``1x1x1024``, ``1x128:int64``) or a saved tensor file.
+"""Example inputs from text: shapes with dtypes (``1x1x1024``, ``1x128:int64``), tensor files, a factory.
 
-The command line's ``--input`` (repeatable: one positional input each) reads these, so a model whose input is not
-an image (1-D frames, token ids, several tensors) is analysed, pruned and counted on inputs it accepts::
+The command line's ``--input`` (repeatable) reads these, so a model whose input is not an image (1-D frames,
+token ids, several tensors, inputs taken by name) is analysed, pruned and counted on inputs it accepts::
 
-    prunefx analyze pkg.mod:make_net --input 1x1x1024
-    prunefx prune pkg.mod:make_lm --input 1x128:int64 --flops 0.5
+    prunefx analyze pkg.mod:make_net --input 1x1x1024                   # one positional input
+    prunefx prune pkg.mod:make_lm --input 1x128:int64 --flops 0.5       # token ids
+    prunefx prune pkg.mod:make_vlm --input input_ids=1x16:int64 --input pixel_values=1x3x32x32   # by name
+    prunefx prune pkg.mod:make_net --input pkg.mod:make_inputs          # the user's function builds them
 
+``NAME=`` makes an item a keyword input (bound by the forward's signature, :mod:`prunefx.capture.inputs`).
 Floating inputs are uniform in [0, 1); integer ones (token ids, indices) uniform in [0, INT_HIGH), valid for any
 vocabulary of at least that many entries; both seeded, so two runs see the same input. A file (``.pt``) is read
-weights-only (tensors and plain containers, never code): a tensor is one input, a list or tuple of tensors is
-that many inputs, a dict of tensors is one input (a model whose forward takes a batch mapping).
+weights-only (tensors and plain containers, never code) the way ``prunefx.prune`` reads its example inputs: a
+tensor is one input, a list or tuple is that many positional inputs (each a tensor or a dict of tensors), a dict
+of tensors is keyword inputs (``model(**batch)``, as a tokenizer's output is called). A factory
+``package.module:function`` is called with no arguments and returns any of those (or a
+:class:`~prunefx.capture.inputs.Inputs`); like a factory SPEC, it runs the code it names: that is what it is for.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from typing import Any
 
 import torch
 
+from prunefx.capture.inputs import Inputs
 from prunefx.errors import SpecError
 
 INT_HIGH = 16  # integer example inputs are drawn from [0, INT_HIGH)
@@ -30,7 +37,8 @@ DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16, "int64": torch.int64, "long": torch.int64, "int32": torch.int32, "bool": torch.bool,
 }  # fmt: skip
 _SHAPE = re.compile(r"\d+(x\d+)*")
-FORMAT = "a shape with an optional dtype, e.g. 1x1x1024 or 1x128:int64, or a .pt file of tensors"
+FORMAT = ("a shape with an optional dtype, e.g. 1x1x1024 or 1x128:int64, a .pt file of tensors, or a "
+          "package.module:function that returns the inputs")
 
 
 @dataclass(frozen=True)
@@ -58,20 +66,44 @@ def parse_input(text: str) -> InputSpec:
     return InputSpec(tuple(int(d) for d in shape.split("x")), DTYPES[dtype] if dtype else torch.float32)
 
 
-def example_inputs(items: Sequence[str], *, seed: int = 0) -> tuple[Any, ...]:
-    """The positional example inputs ``items`` describe, in order (each a shape spec or a tensor file)."""
+def example_inputs(items: Sequence[str], *, seed: int = 0) -> Inputs:
+    """The example inputs ``items`` describe, in order: positional ones, then ``NAME=``-keyword ones."""
     generator = torch.Generator().manual_seed(seed)
-    out: list[Any] = []
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
     for item in items:
-        path = Path(item)
-        if path.suffix in (".pt", ".pth") or path.is_file():
-            out.extend(_from_file(path))
+        name, eq, rest = item.partition("=")
+        if eq:
+            name = name.strip()
+            if not name.isidentifier():
+                raise SpecError(f"--input {item!r}: {name!r} is not a parameter name; give NAME={FORMAT}")
+            if name in kwargs:
+                raise SpecError(f"--input {item!r}: {name} is given twice")
+            read = _one(rest, generator, item)
+            if len(read.args) != 1 or read.kwargs:
+                raise SpecError(f"--input {item!r}: a keyword input is one tensor; give NAME=SHAPE or NAME=FILE "
+                                "(a file of one tensor)")
+            kwargs[name] = read.args[0]
         else:
-            out.append(parse_input(item).tensor(generator))
-    return tuple(out)
+            if kwargs:
+                raise SpecError(f"--input {item!r}: positional inputs come before the NAME= ones")
+            read = _one(item, generator, item)
+            if read.kwargs and (args or kwargs):
+                raise SpecError(f"--input {item!r}: a file of keyword inputs gives them all; give it alone or "
+                                "give each as NAME=FILE")
+            args.extend(read.args)
+            kwargs.update(read.kwargs)
+    return Inputs(*args, **kwargs)
 
 
-def _from_file(path: Path) -> list[Any]:
+def _one(text: str, generator: torch.Generator, item: str) -> Inputs:
+    path = Path(text)
+    if path.suffix in (".pt", ".pth") or path.is_file():
+        return _from_file(path)
+    return Inputs(parse_input(text).tensor(generator))
+
+
+def _from_file(path: Path) -> Inputs:
     if not path.is_file():
         raise SpecError(f"--input {path}: no such file; give {FORMAT}.")
     try:
@@ -80,14 +112,29 @@ def _from_file(path: Path) -> list[Any]:
         raise SpecError(f"--input {path}: not a weights-only tensor file ({type(exc).__name__}: "
                         f"{str(exc).strip().splitlines()[0][:200]}); save inputs with torch.save(tensor_or_list, path)"
                         ) from None
+    read = as_inputs(data)
+    if read is None:
+        raise SpecError(f"--input {path}: holds {type(data).__name__}, not a tensor, a list of tensors or a dict of "
+                        "tensors; save the model's inputs with torch.save")
+    return read
+
+
+def _tensors(x: Any) -> bool:
+    return isinstance(x, torch.Tensor) or (
+        isinstance(x, dict) and bool(x) and all(isinstance(t, torch.Tensor) for t in x.values()))
+
+
+def as_inputs(data: Any) -> Inputs | None:
+    """``data`` read as ``prunefx.prune`` reads example inputs, or None when it holds something else."""
+    if isinstance(data, Inputs):
+        return data
     if isinstance(data, torch.Tensor):
-        return [data]
-    if isinstance(data, (list, tuple)) and data and all(isinstance(t, torch.Tensor) for t in data):
-        return list(data)
-    if isinstance(data, dict) and data and all(isinstance(t, torch.Tensor) for t in data.values()):
-        return [dict(data)]
-    raise SpecError(f"--input {path}: holds {type(data).__name__}, not a tensor, a list of tensors or a dict of "
-                    "tensors; save the model's inputs with torch.save")
+        return Inputs(data)
+    if isinstance(data, (list, tuple)) and data and all(_tensors(t) for t in data):
+        return Inputs(*data)
+    if isinstance(data, dict) and data and all(isinstance(k, str) for k in data) and _tensors(data):
+        return Inputs(**data)
+    return None
 
 
-__all__ = ["DTYPES", "FORMAT", "INT_HIGH", "InputSpec", "example_inputs", "parse_input"]
+__all__ = ["DTYPES", "FORMAT", "INT_HIGH", "InputSpec", "as_inputs", "example_inputs", "parse_input"]

@@ -86,7 +86,7 @@ def check_onnx(
     names = [i.name for i in session.get_inputs()]
     worst = 0.0
     for batch in batches:
-        args = with_batch(as_args(example_inputs), batch)
+        args = with_batch(as_args(example_inputs, model), batch)
         flat = [t for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor)]
         feed = {f"input{i}": t.detach().cpu().numpy() for i, t in enumerate(flat)}
         got = session.run(None, {n: feed[n] for n in names})
@@ -116,7 +116,7 @@ def export_onnx(
         check_available(Deployment(backend="onnxruntime"))
     except MetricsError as exc:
         raise ExportError(f"cannot check the export: {exc}") from None
-    args = as_args(example_inputs)
+    args = as_args(example_inputs, model)
     folded, how = model, "as is"
     if fold and any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
         try:
@@ -130,8 +130,7 @@ def export_onnx(
         data, _, _ = onnx_bytes(folded, args, opset=opset, dynamic_batch=dynamic_batch)
     except MetricsError as exc:
         raise ExportError(str(exc)) from exc
-    first = as_args(example_inputs)
-    batch0 = int(next(t for t in tree_flatten(first)[0] if isinstance(t, torch.Tensor)).shape[0])
+    batch0 = int(next(t for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor)).shape[0])
     batches = (None, batch0 + 1) if dynamic_batch else (None,)
     error = check_onnx(data, model, args, batches=batches)
     if not error <= rtol:

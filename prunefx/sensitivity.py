@@ -49,6 +49,7 @@ from torch import nn
 from prunefx._io import atomic_write
 from prunefx.analysis import DependencyGraph
 from prunefx.analysis.outputs import output_leaves
+from prunefx.capture.inputs import Inputs, positional
 from prunefx.importance import Scores, compensates
 from prunefx.plan import GroupPlan, PlanConfig, PlanError, PruningPlan
 from prunefx.plan.sensitivity import GroupCurve, SensitivityCurves
@@ -66,10 +67,13 @@ def default_cache_dir() -> Path:
     return (Path(root) if root else Path(".cache")) / "sensitivity"
 
 
-def calibration_batches(calibration: Iterable[Any] | None, loss_fn: Callable | None = None) -> list[tuple]:
+def calibration_batches(
+    calibration: Iterable[Any] | None, loss_fn: Callable | None = None, model: nn.Module | None = None
+) -> list[tuple]:
     """The calibration data as a list of (positional inputs, targets), by the rule ``prunefx.prune`` reads it: a
-    2-tuple is ``(inputs, targets)``, inputs are a tensor or a list of positional inputs (targets None otherwise;
-    ``loss_fn`` needs them). Raises PlanError when there is no batch or one is malformed."""
+    2-tuple is ``(inputs, targets)``, inputs are a tensor, a list of positional inputs, or keyword inputs (a
+    mapping or :class:`~prunefx.capture.inputs.Inputs`, bound by ``model``'s forward); targets None otherwise
+    (``loss_fn`` needs them). Raises PlanError when there is no batch or one is malformed."""
     if calibration is None:
         raise PlanError("measuring sensitivity needs calibration data: pass calibration=[x, ...] (a few batches of "
                         "model inputs; with loss_fn, (inputs, targets) pairs)")
@@ -85,9 +89,12 @@ def calibration_batches(calibration: Iterable[Any] | None, loss_fn: Callable | N
             out.append(((inputs,), targets))
         elif isinstance(inputs, (list, tuple)):
             out.append((tuple(inputs), targets))
+        elif isinstance(inputs, (Mapping, Inputs)) and model is not None:
+            out.append((positional(model, inputs), targets))
         else:
             raise PlanError(f"calibration batch {i} is a {type(inputs).__name__}; pass batches of model inputs (a "
-                            "tensor, or a list of positional inputs) or (inputs, targets) pairs")
+                            "tensor, a list of positional inputs or a dict of keyword inputs) or (inputs, targets) "
+                            "pairs")
     return out
 
 
@@ -121,7 +128,7 @@ def measure(
     fr = tuple(sorted({float(f) for f in fractions}, reverse=True))
     if not fr or any(not 0.0 < f < 1.0 for f in fr):
         raise PlanError(f"fractions are keep fractions in (0, 1), e.g. (0.75, 0.5, 0.25); got {tuple(fractions)}")
-    batches = calibration_batches(calibration, loss_fn)
+    batches = calibration_batches(calibration, loss_fn, model)
     cfg = config or PlanConfig()
     if refit and compensate_bias:
         raise PlanError("refit=True replaces bias compensation (it re-solves each bias); leave compensate_bias "
@@ -208,7 +215,8 @@ def _single(dg: DependencyGraph, values: Mapping[int, np.ndarray], unit: tuple[i
         for g in unit
     )
     return PruningPlan(model=dg.model_name, fingerprint=dg.fingerprint(), input_shapes=dg.input_shapes,
-                       criterion=criterion, target={"sensitivity": n}, groups=groups, frozen=dg.frozen_by_check)
+                       criterion=criterion, target={"sensitivity": n}, groups=groups, frozen=dg.frozen_by_check,
+                       input_kinds=dg.input_kinds)
 
 
 def _run(model: nn.Module, batches: list[tuple], loss_fn: Callable | None) -> list:

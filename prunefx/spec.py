@@ -34,12 +34,14 @@ from typing import Any, Literal
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_map_only
 
 from prunefx._defaults import FORMS, TORCHVISION_DEFAULT_SIZE, TORCHVISION_SIZES, YOLO_DEFAULT_SIZE, YOLO_SIZES
 from prunefx._extras import require
+from prunefx.capture.inputs import Inputs, positional
 from prunefx.errors import PrunefxError, SpecError, UntrustedFileError
 from prunefx.family import TORCH, ModelFamily, get_family
-from prunefx.inputs import example_inputs
+from prunefx.inputs import as_inputs, example_inputs
 
 SpecForm = Literal["torchvision", "ultralytics", "factory", "checkpoint"]
 
@@ -71,7 +73,8 @@ def load_spec(
     YOLO detect/segment/pose/obb, 224 for YOLO classifiers; whether the model takes it is the model's to say (the
     analysis runs it). ``trust_checkpoint`` lets a checkpoint or model yaml run code (see the module docstring).
     ``inputs``: the example inputs instead of an image, as :func:`prunefx.inputs.example_inputs` reads them
-    (``["1x1x1024"]``, ``["1x128:int64"]``, a ``.pt`` file), for models whose input is not an image.
+    (``["1x1x1024"]``, ``["1x128:int64"]``, ``["input_ids=1x16:int64"]``, a ``.pt`` file, a
+    ``package.module:function``), for models whose input is not an image; keyword inputs are bound by position.
     Bad input raises :class:`SpecError` (:class:`~prunefx.errors.UntrustedFileError` for a file that needs trust).
     """
     spec = spec.strip()
@@ -79,7 +82,7 @@ def load_spec(
         raise SpecError(f"imgsz must be a positive integer, got {imgsz!r}.")
     if inputs and imgsz is not None:
         raise SpecError("give either --imgsz (an image of that size) or --input (the inputs themselves), not both.")
-    given = example_inputs(inputs) if inputs else None  # checked before the model is built
+    given = _given_inputs(inputs) if inputs else None  # checked before the model is built
     try:
         target = torch.device(device)
     except RuntimeError as exc:
@@ -101,16 +104,39 @@ def load_spec(
     else:
         raise SpecError(f"cannot read model SPEC '{spec}'. Use one of: {FORMS}.")
     # Seeded so that two runs of the same SPEC see the same input (latency, real-forward fallbacks).
-    xs = given or (torch.rand(1, channels, size, size, generator=torch.Generator().manual_seed(0)),)
     try:
-        model, xs = model.to(target).eval(), tuple(_to(x, target) for x in xs)
+        xs = (positional(model, given) if given is not None  # keyword inputs bound by the model's forward
+              else (torch.rand(1, channels, size, size, generator=torch.Generator().manual_seed(0)),))
+    except PrunefxError as exc:
+        raise SpecError(f"--input: {exc}") from None
+    try:
+        model, xs = model.to(target).eval(), tree_map_only(torch.Tensor, lambda t: t.to(target), xs)
     except (RuntimeError, AssertionError) as exc:  # no such device here, or a torch built without CUDA
         raise SpecError(f"cannot use device '{device}': {exc}. Use 'cpu' or an available 'cuda:N'.") from exc
     return LoadedModel(model, xs, spec, kind, family, given=given is not None)
 
 
-def _to(x: Any, device: torch.device) -> Any:
-    return {k: v.to(device) for k, v in x.items()} if isinstance(x, dict) else x.to(device)
+def _given_inputs(items: Sequence[str]) -> Inputs:
+    """``--input``'s example inputs: text and files (:func:`prunefx.inputs.example_inputs`), or a factory's."""
+    factories = [item.strip() for item in items if _FACTORY.fullmatch(item.strip())]
+    if not factories:
+        return example_inputs(items)
+    if len(items) > 1:
+        raise SpecError(f"--input {factories[0]} (a function) builds every input: give it alone")
+    spec = factories[0]
+    factory = resolve_factory(spec)
+    try:
+        data = factory()
+    except SystemExit as exc:
+        raise SpecError(f"--input {spec} {exit_message(exc)} instead of returning inputs.") from exc
+    except Exception as exc:  # the user's function raised
+        raise SpecError(f"--input {spec} raised {type(exc).__name__}: {exc}; it is called with no arguments."
+                        ) from exc
+    read = as_inputs(data)
+    if read is None:
+        raise SpecError(f"--input {spec} returned a {type(data).__name__}; return a tensor, a tuple of positional "
+                        "inputs, a dict of keyword inputs or prunefx.Inputs(...)")
+    return read
 
 
 def config_family(model: Any) -> ModelFamily:

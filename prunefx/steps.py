@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from prunefx.analysis import DependencyGraph, analyze
+from prunefx.capture.inputs import positional
 from prunefx.errors import VerificationError
 from prunefx.plan import CostModel, GroupPlan, PlanConfig, PlanError, PruningPlan
 from prunefx.plan.solve import _eligible
@@ -68,7 +69,7 @@ def prune_in_steps(
     the original model, the original's analysis and first scores, and ``steps``: each cut's result.
     """
     steps = check_steps(steps)
-    inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
+    inputs = positional(model, example_inputs)
     kind, goal = config.target
     if kind == "latency":
         raise PlanError(f"steps={steps} with a latency target: a latency cut is measured end to end and re-planned "
@@ -199,7 +200,8 @@ def _composed(
     target = {**results[-1].plan.target, kind: goal, "max_ratio": config.max_ratio, "steps": k}
     return PruningPlan(
         model=dg0.model_name, fingerprint=dg0.with_frozen(frozen_items).fingerprint(),
-        input_shapes=dg0.input_shapes, criterion=results[0].plan.criterion, target=target, groups=tuple(groups),
+        input_shapes=dg0.input_shapes, input_kinds=dg0.input_kinds, criterion=results[0].plan.criterion,
+        target=target, groups=tuple(groups),
         skipped=tuple((g, why) for g, why in results[0].plan.skipped if g not in first),
         estimate={"macs_before": cost0.macs_total, "macs_after": cost0.macs(masks),
                   "params_before": cost0.params_total, "params_after": cost0.params(masks)},

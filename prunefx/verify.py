@@ -44,6 +44,7 @@ from prunefx.analysis.finite import first_non_finite
 from prunefx.analysis.graph import DependencyGraph
 from prunefx.analysis.labels import Lab
 from prunefx.analysis.outputs import default_free_outputs, output_leaves
+from prunefx.capture.inputs import positional
 from prunefx.capture.record import Capture
 from prunefx.capture.semantics import DISCRETE, EvalInterpreter
 from prunefx.capture.torch_export import export_graph
@@ -610,9 +611,7 @@ def verify(
     >>> original = copy.deepcopy(model); result = prunefx.prune(model, x, cfg)
     >>> prunefx.verify(original, model, result.plan, x).ok
     """
-    if isinstance(example_inputs, torch.Tensor):
-        example_inputs = (example_inputs,)
-    example_inputs = tuple(example_inputs)
+    example_inputs = positional(original, example_inputs)
     _plugins.activate()
     if dg is not None and not _shares_weights(dg.gm, original):
         raise PlanError("dg must be the analysis of `original` (the unpruned copy), not of the pruned model")

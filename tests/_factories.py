@@ -102,3 +102,41 @@ def token_mlp() -> nn.Module:
     """Token ids in (int64, vocabulary 16), logits out."""
     torch.manual_seed(0)
     return _TokenMLP()
+
+
+class TwoTower(nn.Module):
+    """Token ids and an image, each optional and taken by name (an HF-style forward)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.img = nn.Embedding(16, 8), nn.Conv2d(3, 8, 3, padding=1)
+        self.mlp = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 8))
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, input_ids=None, attention_mask=None, pixel_values=None):
+        h = 0
+        if input_ids is not None:
+            e = self.emb(input_ids)
+            if attention_mask is not None:
+                e = e * attention_mask[..., None]
+            h = h + e.mean(1)
+        if pixel_values is not None:
+            h = h + self.img(pixel_values).mean((2, 3))
+        return self.head(h + self.mlp(h))
+
+
+def two_tower() -> nn.Module:
+    torch.manual_seed(0)
+    return TwoTower().eval()
+
+
+def keyword_inputs() -> dict:
+    return {"pixel_values": torch.rand(2, 3, 8, 8), "input_ids": torch.randint(0, 16, (2, 5))}
+
+
+def not_inputs() -> int:
+    return 3
+
+
+def inputs_that_raise() -> dict:
+    raise ValueError("no data here")

@@ -16,24 +16,25 @@ ALLOWED: dict[str, set[str]] = {
     "capture": set(),
     "passes": {"capture"},  # model -> model rewrites that keep the function (fold_bn)
     "analysis": {"capture"},
-    "metrics": {"passes"},  # latency is timed as deployed: BatchNorm folded
+    "metrics": {"capture", "passes"},  # timed as deployed (BatchNorm folded); keyword inputs bound as captured
     "importance": {"analysis", "capture"},
     "plan": {"analysis", "capture", "importance", "metrics", "passes"},
     "transform": {"analysis", "capture", "plan"},
     "verify": {"analysis", "capture", "plan"},
     "view": {"analysis", "capture", "plan"},  # the graph page: an analysed graph and its plan, drawn as HTML
-    "checkpoint": {"analysis", "plan", "transform"},
-    "steps": {"analysis", "plan", "transform", "verify"},  # k cuts composed into one plan; the cut itself is api's
+    "checkpoint": {"analysis", "capture", "plan", "transform"},
+    # k cuts composed into one plan; the cut itself is api's
+    "steps": {"analysis", "capture", "plan", "transform", "verify"},
     # measured sensitivity: prunes copies of the model (transform) to measure the damage curves a plan reads
     "sensitivity": {"analysis", "capture", "importance", "plan", "transform"},
-    "api": {"analysis", "importance", "metrics", "plan", "transform", "verify", "steps", "sensitivity"},
+    "api": {"analysis", "capture", "importance", "metrics", "plan", "transform", "verify", "steps", "sensitivity"},
     "onnx_export": {"capture", "metrics", "passes"},  # ONNX files checked with ONNX Runtime
     "report": {"metrics", "view"},  # report.html draws a run's graph.json with the view's page
     "data": set(),
-    "train": {"analysis", "data"},
+    "train": {"analysis", "capture", "data"},
     "zoo": set(),
     "examples": set(),  # example tasks for the custom pipeline (configs/sine.yaml): torch only
-    "inputs": set(),  # example inputs from text (--input shapes with dtypes, tensor files)
+    "inputs": {"capture"},  # example inputs from text (--input shapes, tensor files) as capture's Inputs
     "family": {"checkpoint", "onnx_export", "plan"},  # how a model's library saves, exports and costs it
     "integrations": CORE | {"metrics", "train", "data", "report", "view", "integrations", "onnx_export", "family"},
     "spec": CORE | {"integrations", "metrics", "family", "inputs"},

@@ -20,6 +20,7 @@ from prunefx.analysis.outputs import default_free_outputs, require_tensor_output
 from prunefx.analysis.parts import boundary_reasons, find_parts
 from prunefx.analysis.roles import Kind
 from prunefx.analysis.rules import RULES, OpRegistry
+from prunefx.capture.inputs import input_kinds, positional
 from prunefx.capture.record import Capture, capture_info
 from prunefx.capture.select import CAPTURES, capture_graph
 from prunefx.capture.values import propagate
@@ -51,9 +52,7 @@ def analyze(
     if not isinstance(model, nn.Module):
         raise PrunefxError(f"analyze expects a torch.nn.Module, got {type(model).__name__}")
     check_finite(model)
-    if isinstance(example_inputs, torch.Tensor):
-        example_inputs = (example_inputs,)
-    example_inputs = tuple(example_inputs)
+    example_inputs = positional(model, example_inputs)
     _plugins.activate()  # the model's library is imported by now: its rules, fixers and free outputs register
     t0 = time.perf_counter()
     parts = None
@@ -93,6 +92,7 @@ def analyze(
         atoms=state.atoms,
         node_labels=labels,
         input_shapes=tuple(tuple(x.shape) for x in example_inputs if isinstance(x, torch.Tensor)),
+        input_kinds=input_kinds(example_inputs),
         parts=parts,
         capture=how,
         inside=frozenset(state.inside),

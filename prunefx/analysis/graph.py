@@ -37,6 +37,8 @@ class DependencyGraph:
     atoms: AtomTable = field(repr=False)
     node_labels: dict[str, Any] = field(repr=False)  # fx node name -> Lab / SizeRef / structure of them
     input_shapes: tuple[tuple[int, ...], ...] = ()
+    # each positional input's kind (its dtype, "none" or "other"): what prunefx.load rebuilds inputs from
+    input_kinds: tuple[str, ...] = ()
     capture: CapturedBy = "fx"  # how the graph was captured: "fx" (training-mode trace) or "export" (ATen, eval mode)
     # (group id, reason) of groups that prune() froze because pruning them failed the exactness check
     frozen_by_check: tuple[tuple[int, str], ...] = ()

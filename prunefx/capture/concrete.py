@@ -29,6 +29,8 @@ from torch import nn
 from torch.fx import _symbolic_trace
 from torch.utils._pytree import tree_leaves, tree_map
 
+from prunefx.capture.inputs import structured
+
 # While tracing, fx patches Module.__call__ (and autowrapped functions) to record nodes; evaluating needs the
 # real ones. torch.fx's own escape hatch for this is private; without it, no concrete values (the old behaviour).
 _unpatched = getattr(_symbolic_trace, "_maybe_revert_all_patches", None)
@@ -50,8 +52,7 @@ class ConcreteValues:
     def __init__(self, root: nn.Module, example_inputs: Sequence[Any]) -> None:
         self.root = root
         # one value per placeholder: structured inputs (a list of images) have one placeholder per leaf
-        structured = any(isinstance(x, (list, tuple, dict)) for x in example_inputs)
-        self.real_inputs = list(tree_leaves(tuple(example_inputs)) if structured else example_inputs)
+        self.real_inputs = list(tree_leaves(tuple(example_inputs)) if structured(example_inputs) else example_inputs)
         self.inputs = [tree_map(_meta, x) for x in self.real_inputs]
         self.env: dict[fx.Node, Any] = {}
         self._placeholders = 0

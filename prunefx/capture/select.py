@@ -9,6 +9,7 @@ from typing import Any, get_args
 import torch.fx as fx
 from torch import nn
 
+from prunefx.capture.inputs import positional
 from prunefx.capture.record import Capture, capture_info, set_capture_info
 from prunefx.capture.torch_export import export_graph, prefers_export
 from prunefx.capture.trace import trace
@@ -33,7 +34,7 @@ def capture_graph(
     """
     if capture not in CAPTURES:
         raise PrunefxError(f"capture must be one of {', '.join(CAPTURES)}; got {capture!r}")
-    example_inputs = tuple(example_inputs)
+    example_inputs = positional(model, example_inputs)
     if capture == "export" or (capture == "auto" and prefers_export(model)):
         return export_graph(model, example_inputs)
     try:

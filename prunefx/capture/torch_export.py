@@ -30,8 +30,9 @@ import torch
 import torch.fx as fx
 import torch.fx.config
 from torch import nn
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_leaves, tree_map
 
+from prunefx.capture.inputs import positional
 from prunefx.capture.record import CaptureInfo, set_capture_info
 from prunefx.capture.trace import quote_targets, targets_quoted, training_mode
 from prunefx.capture.values import VALUE_KEY
@@ -133,9 +134,7 @@ def export_graph(
     """Export ``model`` (eval mode, non-strict) into an ATen GraphModule with node values and module names."""
     if not isinstance(model, nn.Module):
         raise TraceFailure(f"expected a torch.nn.Module, got {type(model).__name__}; pass the model object itself")
-    if isinstance(example_inputs, torch.Tensor):
-        example_inputs = (example_inputs,)
-    example_inputs = tuple(example_inputs)
+    example_inputs = positional(model, example_inputs)
     params = inspect.signature(model.forward).parameters
     open_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())
     kwargs = {k: v for k, v in {**_kwargs_for(model), **(kwargs or {})}.items() if k in params or open_kwargs}
@@ -164,7 +163,7 @@ def export_graph(
             graph.erase_node(node)
         elif node.op == "call_module" and node.target == "_guards_fn":
             graph.erase_node(node)  # export's input-shape guards: this graph only ever sees these shapes
-    graph._codegen = fx.graph.CodeGen()  # plain positional inputs, flat outputs
+    graph._codegen = TensorInputs()  # the model's inputs as given (None, containers) in, flat outputs
     quote_targets(graph)
     _inline_wrappers(gm)
     for node in graph.nodes:
@@ -179,6 +178,30 @@ def export_graph(
     lifted = sorted(n for n, _ in (*gm.named_parameters(), *gm.named_buffers()) if n not in own)
     set_capture_info(gm, CaptureInfo(capture="export", training=False, lifted_constants=tuple(lifted)))
     return gm
+
+
+def _tensor_leaves(args: tuple) -> list[torch.Tensor]:
+    return [x for x in tree_leaves(args) if isinstance(x, torch.Tensor)]
+
+
+class TensorInputs(fx.graph.CodeGen):
+    """The exported graph called like the model: ``gm(*inputs)`` feeds the inputs' tensor leaves to the
+    placeholders (export bakes every other leaf in: None for an input not given, ``use_cache=False``)."""
+
+    def process_inputs(self, *inputs: Any) -> list[torch.Tensor]:
+        return _tensor_leaves(inputs)
+
+    def gen_fn_def(self, free_vars: list[str], maybe_return_annotation: str, *, expanded_def: bool = False) -> str:
+        names = [v.split(":")[0].split("#")[0].strip() for v in free_vars if v != "self"]
+        head = f"def {self._func_name}(self, *args){maybe_return_annotation}:"
+        return head + (f"\n    {', '.join(names)}, = _tensor_leaves(args)" if names else "")
+
+    def additional_globals(self) -> list[tuple[str, Any]]:
+        return [("_tensor_leaves", _tensor_leaves)]
+
+    def _gen_python_code(self, *args: Any, **kwargs: Any) -> Any:
+        with targets_quoted():  # module names that are not identifiers ('a"b'), as quote_targets does for fx
+            return super()._gen_python_code(*args, **kwargs)
 
 
 def _attr(root: nn.Module, target: str) -> Any:

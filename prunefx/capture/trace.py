@@ -44,6 +44,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from prunefx import _plugins
 from prunefx._state import attributes_kept
 from prunefx.capture.concrete import ConcreteValues, NoConcreteValue, as_number
+from prunefx.capture.inputs import positional, structured
 from prunefx.capture.record import CaptureInfo, set_capture_info
 from prunefx.errors import TraceFailure
 
@@ -369,8 +370,8 @@ class PrunefxTracer(fx.Tracer):
 
     @property
     def structured(self) -> bool:
-        """Some example input is a container (list, tuple, dict): its leaves become the placeholders."""
-        return any(isinstance(x, (list, tuple, dict)) for x in self.example_inputs)
+        """Some example input is a container (list, tuple, dict) or None: its leaves become the placeholders."""
+        return structured(self.example_inputs)
 
     def _structured_args(self, root_fn, names: list[str]):
         """One placeholder per leaf of the example inputs; forward sees the structure with proxies for tensors."""
@@ -573,8 +574,8 @@ def trace(
     if not isinstance(model, nn.Module):
         raise TraceFailure(f"expected a torch.nn.Module, got {type(model).__name__}; pass the model object itself")
     _plugins.activate()  # leaves registered by the model's library
-    if isinstance(example_inputs, torch.Tensor):
-        example_inputs = (example_inputs,)
+    if example_inputs is not None:
+        example_inputs = positional(model, example_inputs)
     _initialise_lazy(model, example_inputs)
     num_inputs = None if example_inputs is None else len(example_inputs)
     auto: dict[str, str] = {}

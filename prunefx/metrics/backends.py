@@ -262,8 +262,9 @@ def prepared(
     ``dep.batch`` resizes the inputs. The torch backend runs in eval mode under no_grad (module attributes are
     restored afterwards) and synchronises CUDA; ONNX Runtime runs an in-memory export of ``model``.
     """
-    dep = dep.resolve(example_inputs)
-    args = with_batch(as_args(example_inputs), dep.batch)
+    args = as_args(example_inputs, model)
+    dep = dep.resolve(args)
+    args = with_batch(args, dep.batch)
     device = torch.device(dep.device)
     if device.type == "cuda" and device.index is None:  # "cuda" means the current device: name it
         device = torch.device("cuda", torch.cuda.current_device())

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -11,6 +11,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map_only
 
 from prunefx._state import attributes_kept
+from prunefx.capture.inputs import Inputs, positional
 from prunefx.errors import PrunefxError
 
 
@@ -27,12 +28,18 @@ def check_model(model: Any, caller: str) -> None:
         )
 
 
-def as_args(example_inputs: Any) -> tuple[Any, ...]:
+def as_args(example_inputs: Any, model: nn.Module | None = None) -> tuple[Any, ...]:
     """Normalise example inputs to the positional-argument tuple of ``model(*args)``.
 
-    A tensor is one argument; a tuple or list is the argument list itself.
+    A tensor is one argument; a tuple or list is the argument list itself; a mapping or
+    :class:`~prunefx.capture.inputs.Inputs` holds keyword inputs, bound by ``model``'s forward.
     """
-    args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    if isinstance(example_inputs, (Mapping, Inputs)):
+        if model is None:
+            raise MetricsError("keyword example inputs need the model to bind them to its forward's parameters")
+        args = positional(model, example_inputs)
+    else:
+        args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     if not any(isinstance(t, torch.Tensor) for t in tree_flatten(args)[0]):
         raise MetricsError(
             f"example_inputs holds no tensor (got {type(example_inputs).__name__}). "

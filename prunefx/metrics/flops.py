@@ -248,7 +248,7 @@ def measure(
     check_model(model, "measure")
     if by not in ("module", "leaf"):
         raise MetricsError(f"by must be 'module' or 'leaf', got {by!r}.")
-    args = as_args(example_inputs)
+    args = as_args(example_inputs, model)
     result = None
     if use_meta:
         try:

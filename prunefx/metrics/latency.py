@@ -189,8 +189,8 @@ def compare_latency(
         if progress is not None:
             progress(done, total)
 
-    dep = (deployment or Deployment()).resolve(example_inputs)
-    args = as_args(example_inputs)
+    args = as_args(example_inputs, next(iter(models.values())))  # every model takes the same inputs
+    dep = (deployment or Deployment()).resolve(args)
     cores = os.cpu_count()
     loads = [_load()]
     with contextlib.ExitStack() as stack:

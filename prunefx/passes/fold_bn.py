@@ -23,6 +23,7 @@ from torch import nn
 from torch.nn.utils.fusion import fuse_conv_bn_eval, fuse_linear_bn_eval
 
 from prunefx.capture import VALUE_KEY, propagate, trace
+from prunefx.capture.inputs import positional
 from prunefx.errors import PrunefxError
 
 FOLD_KEY = "prunefx_fold_bn"
@@ -121,8 +122,8 @@ def fold_bn(
     if not isinstance(model, nn.Module):
         raise FoldError(f"fold_bn() needs a torch.nn.Module, got {type(model).__name__}")
     _check_eval(model)
-    if isinstance(example_inputs, torch.Tensor):
-        example_inputs = (example_inputs,)
+    if example_inputs is not None:
+        example_inputs = positional(model, example_inputs)
     work = model if inplace else copy.deepcopy(model)
     gm = trace(work, example_inputs, training=False)
     if example_inputs is not None:

@@ -46,6 +46,7 @@ class PruningPlan:
     skipped: tuple[tuple[int, str], ...] = ()  # (group id, reason) for prunable groups left alone
     estimate: dict[str, float] = field(default_factory=dict)  # cost model's MACs / params before and after
     frozen: tuple[tuple[int, str], ...] = ()  # (group id, reason): frozen because pruning them failed the oracle
+    input_kinds: tuple[str, ...] = ()  # each positional input's dtype, "none" or "other" (() in older plans)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -73,6 +74,7 @@ class PruningPlan:
             skipped=tuple((int(a), str(b)) for a, b in d.get("skipped", ())),
             estimate=dict(d.get("estimate", {})),
             frozen=tuple((int(a), str(b)) for a, b in d.get("frozen", ())),
+            input_kinds=tuple(str(k) for k in d.get("input_kinds", ())),
         )
 
     @staticmethod

@@ -293,6 +293,7 @@ def make_plan(
     return PruningPlan(
         model=dg.model_name, fingerprint=dg.fingerprint(), input_shapes=dg.input_shapes, criterion=criterion,
         target=target, groups=tuple(groups), skipped=tuple(skipped), estimate=estimate, frozen=dg.frozen_by_check,
+        input_kinds=dg.input_kinds,
     )
 
 

@@ -52,6 +52,7 @@ from torch.utils._pytree import GetAttrKey, MappingKey, SequenceKey, tree_flatte
 from prunefx._config import ConfigError, check_fields
 from prunefx._extras import require
 from prunefx._io import atomic_write
+from prunefx.capture.inputs import Inputs
 from prunefx.errors import PrunefxError
 
 KINDS = ("kl", "mse", "bce", "skip")
@@ -150,81 +151,89 @@ def recover(
     batches = _batches(data, acc)
     homes = [(m, next((p.device for p in m.parameters()), None), m.training, [p.requires_grad for p in
                                                                            m.parameters()]) for m in (student, teacher)]
-    teacher.to(acc.device).eval().requires_grad_(False)
-    student.to(acc.device).train()
-    to_args = inputs or (lambda b: b)
-    first = next(iter(batches()), None)
-    if first is None:
-        raise RecoverError("recover: data yielded no batch; pass an iterable of model inputs (tensors, tuples or "
-                           "dicts)")
-    args, kwargs = _call(to_args(first), acc.device)
-    with torch.no_grad():
-        kinds, scales = _losses(teacher(*args, **kwargs), cfg, acc)
-    optimizer = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=cfg.lr,
-                                  weight_decay=cfg.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(cfg))
-    model, optimizer = acc.prepare(student, optimizer)
-    # Not prepared: accelerate would step it once per process per call (it counts epochs of a split dataset); this
-    # schedule counts optimiser steps. Registered, so its state is in every checkpoint.
-    acc.register_for_checkpointing(scheduler)
-    stream = _cycle(batches)
-    for _ in range(start):  # the batches the run before the checkpoint trained on, replayed without a forward
-        next(stream)
-    if start:
-        acc.load_state(str(root / f"state-{start}"))
-    hooks = _FeatureHooks(acc.unwrap_model(model), teacher, cfg.features)
-    history: list[dict[str, float]] = []
-    evals: list[dict[str, Any]] = []
-    began, say = time.perf_counter(), (log if acc.is_main_process else (lambda _msg: None))
-    say(f"recover: {cfg.steps - start} steps from step {start} on {acc.num_processes} process(es), device "
-        f"{acc.device}; losses: {', '.join(f'{k} {v}' for k, v in kinds.items())}")
-    evaluate = _Evaluator(model, teacher, eval_data, metric, to_args, kinds, scales, cfg, hooks, acc, say)
-    if eval_data is not None or metric is not None:
-        evals.append(evaluate(start))
-    try:
-        for step in range(start + 1, cfg.steps + 1):
-            batch = next(stream)
-            args, kwargs = _call(to_args(batch), acc.device)
-            with torch.no_grad():
-                target = teacher(*args, **kwargs)
-            hooks.teacher_done()
-            out = model(*args, **kwargs)
-            loss = _distill(out, target, kinds, scales, cfg) + hooks.loss(cfg.feature_weight)
-            if task_loss is not None:
-                loss = (1 - cfg.task_weight) * loss + cfg.task_weight * _scalar(task_loss(out, batch), "task_loss")
-            if not torch.isfinite(loss):
-                raise RecoverError(f"recover: the loss is {loss.item()} at step {step}; lower lr (now {cfg.lr:g}), "
-                                   "set clip, or check the data and task_loss")
-            optimizer.zero_grad(set_to_none=True)
-            acc.backward(loss)
-            if cfg.clip:
-                acc.clip_grad_norm_(model.parameters(), cfg.clip)
-            optimizer.step()
-            scheduler.step()
-            if cfg.log_every and (step % cfg.log_every == 0 or step == cfg.steps):
-                mean = float(acc.reduce(loss.detach(), "mean"))
-                history.append({"step": step, "loss": mean, "lr": scheduler.get_last_lr()[0]})
-                rate = (step - start) / max(time.perf_counter() - began, 1e-9)
-                say(f"recover: step {step}/{cfg.steps}  loss {mean:.4g}  lr {history[-1]['lr']:.3g}  "
-                    f"ETA {(cfg.steps - step) / rate:.0f} s")
-            if cfg.eval_every and step % cfg.eval_every == 0 and step != cfg.steps:
-                evals.append(evaluate(step))
-            if root is not None and ((cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
-                                     or step == cfg.steps):
-                _save(acc, root, step, cfg, kinds)
+    try:  # on success and on failure, both models end where they started (the teacher as it was given)
+        teacher.to(acc.device).eval().requires_grad_(False)
+        student.to(acc.device).train()
+        to_args = inputs or (lambda b: b)
+        first = next(iter(batches()), None)
+        if first is None:
+            raise RecoverError("recover: data yielded no batch; pass an iterable of model inputs (tensors, tuples or "
+                               "dicts)")
+        args, kwargs = _call(to_args(first), acc.device)
+        with torch.no_grad():
+            kinds, scales = _losses(teacher(*args, **kwargs), cfg, acc)
+        optimizer = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=cfg.lr,
+                                      weight_decay=cfg.weight_decay)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(cfg))
+        model, optimizer = acc.prepare(student, optimizer)
+        # Not prepared: accelerate would step it once per process per call (it counts epochs of a split dataset); this
+        # schedule counts optimiser steps. Registered, so its state is in every checkpoint.
+        acc.register_for_checkpointing(scheduler)
+        stream = _cycle(batches)
+        for _ in range(start):  # the batches the run before the checkpoint trained on, replayed without a forward
+            next(stream)
+        if start:
+            acc.load_state(str(root / f"state-{start}"))
+        hooks = _FeatureHooks(acc.unwrap_model(model), teacher, cfg.features)
+        history: list[dict[str, float]] = []
+        evals: list[dict[str, Any]] = []
+        began, say = time.perf_counter(), (log if acc.is_main_process else (lambda _msg: None))
+        say(f"recover: {cfg.steps - start} steps from step {start} on {acc.num_processes} process(es), device "
+            f"{acc.device}; losses: {', '.join(f'{k} {v}' for k, v in kinds.items())}")
+        evaluate = _Evaluator(model, teacher, eval_data, metric, to_args, kinds, scales, cfg, hooks, acc, say)
+        if eval_data is not None or metric is not None:
+            evals.append(evaluate(start))
+        try:
+            for step in range(start + 1, cfg.steps + 1):
+                batch = next(stream)
+                args, kwargs = _call(to_args(batch), acc.device)
+                with torch.no_grad():
+                    target = teacher(*args, **kwargs)
+                hooks.teacher_done()
+                out = model(*args, **kwargs)
+                loss = _distill(out, target, kinds, scales, cfg) + hooks.loss(cfg.feature_weight)
+                if task_loss is not None:
+                    loss = (1 - cfg.task_weight) * loss + cfg.task_weight * _scalar(task_loss(out, batch), "task_loss")
+                if not torch.isfinite(loss):
+                    raise RecoverError(f"recover: the loss is {loss.item()} at step {step}; lower lr (now {cfg.lr:g}), "
+                                       "set clip, or check the data and task_loss")
+                optimizer.zero_grad(set_to_none=True)
+                acc.backward(loss)
+                if cfg.clip:
+                    acc.clip_grad_norm_(model.parameters(), cfg.clip)
+                optimizer.step()
+                scheduler.step()
+                if cfg.log_every and (step % cfg.log_every == 0 or step == cfg.steps):
+                    mean = float(acc.reduce(loss.detach(), "mean"))
+                    history.append({"step": step, "loss": mean, "lr": scheduler.get_last_lr()[0]})
+                    rate = (step - start) / max(time.perf_counter() - began, 1e-9)
+                    say(f"recover: step {step}/{cfg.steps}  loss {mean:.4g}  lr {history[-1]['lr']:.3g}  "
+                        f"ETA {(cfg.steps - step) / rate:.0f} s")
+                if cfg.eval_every and step % cfg.eval_every == 0 and step != cfg.steps:
+                    evals.append(evaluate(step))
+                if root is not None and ((cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
+                                         or step == cfg.steps):
+                    _save(acc, root, step, cfg, kinds)
+        finally:
+            hooks.remove()
+        if eval_data is not None or metric is not None:
+            evals.append(evaluate(cfg.steps))
+        model.eval()
     finally:
-        hooks.remove()
-    if eval_data is not None or metric is not None:
-        evals.append(evaluate(cfg.steps))
-    model.eval()
-    for m, device, _, _grads in homes:  # both models end where they started (the teacher as it was given)
-        if device is not None:
-            m.to(device)
-    for p, grad in zip(teacher.parameters(), homes[1][3], strict=True):
-        p.requires_grad_(grad)
-    teacher.train(homes[1][2])
+        _home(homes)
     return RecoverResult(cfg.steps, kinds, tuple(history), tuple(evals), time.perf_counter() - began, start,
                          acc.num_processes)
+
+
+def _home(homes: list) -> None:
+    """Each model back on the device it started on; the teacher in its mode and requires_grad."""
+    for m, device, _, _grads in homes:
+        if device is not None:
+            m.to(device)
+    teacher, _, training, grads = homes[1]
+    for p, grad in zip(teacher.parameters(), grads, strict=True):
+        p.requires_grad_(grad)
+    teacher.train(training)
 
 
 # ---- inputs and data ------------------------------------------------------------------------------------------------
@@ -237,6 +246,8 @@ def _call(batch: Any, device: torch.device) -> tuple[tuple, dict]:
 
     if isinstance(batch, torch.Tensor):
         return (move(batch),), {}
+    if isinstance(batch, Inputs):
+        return tuple(move(x) for x in batch.args), {k: move(v) for k, v in batch.kwargs.items()}
     if isinstance(batch, Mapping):
         return (), {k: move(v) for k, v in batch.items()}
     if isinstance(batch, (tuple, list)):

@@ -53,3 +53,27 @@ def test_bad_input_text_is_one_error_line_with_exit_2() -> None:
 def test_batch_with_given_inputs_is_refused_naming_the_fix() -> None:
     res = runner.invoke(app, ["flops", "_factories:frames_cnn", "--input", "1x1x1024", "--batch", "4"])
     assert res.exit_code == 2 and "give the batch in its shape" in res.output
+
+
+def test_keyword_inputs_by_name_prune_and_count_the_forward_they_name(tmp_path: Path) -> None:
+    import _factories
+
+    px = torch.rand(1, 3, 8, 8)
+    out = tmp_path / "flops.json"
+    res = runner.invoke(app, ["flops", "_factories:two_tower", "--input", "pixel_values=1x3x8x8", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    expected = measure(_factories.two_tower(), {"pixel_values": px})  # the image tower only: ids not given
+    assert json.loads(out.read_text())["macs"] == expected.macs
+    res = runner.invoke(app, ["prune", "_factories:two_tower", "--input", "input_ids=2x5:int64", "--input",
+                              "pixel_values=2x3x8x8", "--ratio", "0.5", "--criterion", "l1", "--out",
+                              str(tmp_path / "run")])
+    assert res.exit_code == 0, res.output
+    pruned = prunefx.load(tmp_path / "run" / "pruned.pt", _factories.two_tower)
+    assert pruned.mlp[0].out_features < 32
+    assert pruned(input_ids=torch.zeros(2, 5, dtype=torch.int64), pixel_values=torch.rand(2, 3, 8, 8)).shape == (2, 4)
+
+
+def test_a_wrong_input_name_is_one_error_line_naming_the_parameters() -> None:
+    res = runner.invoke(app, ["analyze", "_factories:two_tower", "--input", "pixels=1x3x8x8"])
+    assert res.exit_code == 2 and res.output.strip().count("\n") == 0
+    assert "input_ids, attention_mask, pixel_values" in res.output

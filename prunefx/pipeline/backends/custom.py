@@ -28,8 +28,10 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_map_only
 
 from prunefx._config import field_names, from_dict
+from prunefx.capture.inputs import Inputs, positional
 from prunefx.errors import PrunefxError
 from prunefx.metrics import Deployment
 from prunefx.pipeline.run_config import RUN_KEYS, ConfigError, PruneSpec, StageSpec, check_keys
@@ -163,7 +165,7 @@ class CustomBackend:
             out[split] = batches
         try:
             with torch.no_grad():
-                self._model(*_positional(out["train"][0][0]))
+                self._model(*_positional(self._model, out["train"][0][0]))
         except Exception as exc:  # the model cannot take the data's inputs
             raise ConfigError(f"data: the model {self.job.model} cannot take {spec}'s training inputs "
                               f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); yield batches of "
@@ -191,11 +193,11 @@ class CustomBackend:
     def architecture(self) -> nn.Module:
         return self._model
 
-    def example_inputs(self) -> tuple[torch.Tensor, ...]:
-        return tuple(x[:1] for x in _positional(self._data["train"][0][0]))
+    def example_inputs(self) -> tuple[Any, ...]:
+        return tree_map_only(torch.Tensor, lambda t: t[:1], self.prune_inputs())
 
-    def prune_inputs(self) -> tuple[torch.Tensor, ...]:
-        return _positional(self._data["train"][0][0])
+    def prune_inputs(self) -> tuple[Any, ...]:
+        return _positional(self._model, self._data["train"][0][0])
 
     def score_kwargs(self, criterion: str) -> dict[str, Any]:
         return {}
@@ -205,7 +207,7 @@ class CustomBackend:
         return f"the first training batches of {self.job.data}"
 
     def calibration(self, batches: int) -> list[Any]:
-        return [_positional(x) for x, _ in self._data["train"][:batches]]
+        return [_positional(self._model, x) for x, _ in self._data["train"][:batches]]
 
     def from_checkpoint(self) -> nn.Module:
         return copy.deepcopy(self._model)
@@ -274,13 +276,15 @@ class CustomBackend:
         return PruningPlan.from_json((self.root / "plan.json").read_text())
 
 
-def _positional(inputs: Any) -> tuple[torch.Tensor, ...]:
-    if isinstance(inputs, torch.Tensor):
-        return (inputs,)
-    if isinstance(inputs, (tuple, list)) and all(isinstance(x, torch.Tensor) for x in inputs):
-        return tuple(inputs)
-    raise ConfigError(f"a batch's inputs are a {type(inputs).__name__}; the custom pipeline takes a tensor or a "
-                      "tuple of tensors (positional inputs)")
+def _positional(model: nn.Module, inputs: Any) -> tuple[Any, ...]:
+    """A batch's model inputs as ``model(*inputs)`` takes them (keyword inputs bound by its forward)."""
+    if isinstance(inputs, (torch.Tensor, tuple, list, Mapping, Inputs)):
+        try:
+            return positional(model, inputs)
+        except PrunefxError as exc:
+            raise ConfigError(f"data: {exc}") from None
+    raise ConfigError(f"a batch's inputs are a {type(inputs).__name__}; the custom pipeline takes a tensor, a "
+                      "tuple of positional inputs or a dict of keyword inputs")
 
 
 def run_custom_config(config: Mapping[str, Any], config_name: str, log: Callable[[str], None]) -> RunDir:

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_leaves
 
 from prunefx._io import storage_error
 from prunefx.errors import PrunefxError
@@ -92,7 +93,8 @@ class SpecBackend:
         return self._deployment
 
     def settings(self) -> dict[str, Any]:
-        return {"spec": self.loaded.name, "input_shapes": [list(x.shape) for x in self.loaded.example_inputs]}
+        shapes = [list(x.shape) for x in tree_leaves(self.loaded.example_inputs) if isinstance(x, torch.Tensor)]
+        return {"spec": self.loaded.name, "input_shapes": shapes}
 
 
 def run_spec(job: Job, loaded: LoadedModel, out: Path, *, deployment: Deployment | None = None,

@@ -85,6 +85,7 @@ def analyze(
         record_roots=grouping.record_roots,
         ties=grouping.ties,
         unknown_ops=state.unknown,
+        inferred_ops=dict(state.inferred),
         auto_leaves=info.auto_leaves,
         model_name=type(model).__name__,
         seconds=seconds,

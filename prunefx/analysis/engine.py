@@ -22,6 +22,7 @@ import torch.fx as fx
 from torch import nn
 
 from prunefx.analysis.atoms import AtomTable
+from prunefx.analysis.inferred import infer
 from prunefx.analysis.labels import Lab, ScalarRef, SizeRef, size_sources
 from prunefx.analysis.outputs import drop_keys
 from prunefx.analysis.parametrized import parametrization_problem
@@ -60,6 +61,7 @@ class EngineState:
     ties: list[EqualCount] = field(default_factory=list)
     notes: list[tuple[np.ndarray, str]] = field(default_factory=list)
     unknown: dict[str, str] = field(default_factory=dict)  # node name -> description of the op without a rule
+    inferred: dict[str, str] = field(default_factory=dict)  # node name -> op and its probed channel map
     products: list[Product] = field(default_factory=list)  # reshapes splitting / merging channel dims
     batch_tags: list[np.ndarray] = field(default_factory=list)  # channels that index slices of a contraction
     inside: set[RecordKey] = field(default_factory=set)  # parameter dims whose channels no graph edge carries
@@ -286,6 +288,7 @@ class Engine:
         self.modules = {**dict(gm.named_modules()), **(modules or {})}
         self._read_params: dict[RecordKey, str] = {}  # param dims labelled by a get_attr, and the node that read them
         lifted = set(capture_info(gm).lifted_constants)
+        self.auto_leaves = set(capture_info(gm).auto_leaves)  # leaves made because their code is data-dependent
         self.tensors = {
             n for n, _ in (*gm.named_parameters(remove_duplicate=False), *gm.named_buffers(remove_duplicate=False))
         } - lifted
@@ -388,8 +391,19 @@ class Engine:
         if not touches:  # pure Python arithmetic on sizes and the like
             return size_arith(ctx, val, labs)
         desc = describe_target(ctx.node, ctx.module)
+        # an automatic leaf's code branches on values: a probe on random ones says nothing about the model's
+        probe = ctx.node.op != "call_module" or ctx.node.target not in self.auto_leaves
+        if probe and isinstance(val, torch.Tensor) and any(isinstance(x, Lab) and x.labeled() for x in _flatten(labs)):
+            lab, found = infer(ctx, desc)  # probed on real values; the oracle still checks every plan
+            if lab is not None:
+                self.state.inferred[ctx.node.name] = f"{desc}: {found.describe()}"
+                return lab
+            finding = found.failure or "; ".join(f"input {i} dim {d}: {why}" for i, d, why in found.refused)
+            desc_why = f"no rule for {desc} (probed: {finding})" if finding else f"no rule for {desc}"
+        else:
+            desc_why = f"no rule for {desc}"
         self.state.unknown[ctx.node.name] = desc
-        ctx.freeze(labs, f"no rule for {desc}")
+        ctx.freeze(labs, desc_why)
         return _unlabeled(val)
 
 

@@ -48,6 +48,8 @@ class DependencyGraph:
     notes: tuple[str, ...] = ()  # how the capture deviated from the default (e.g. traced in evaluation mode)
     # set when the model's own forward could not be captured: the submodules analysed instead (gm is their graph)
     parts: PartialCapture | None = None
+    # ops with no rule whose channel map was inferred by probing them (prunefx.analysis.inferred): node -> op: map
+    inferred_ops: dict[str, str] = field(default_factory=dict)
 
     @property
     def training(self) -> bool | None:
@@ -121,6 +123,7 @@ class DependencyGraph:
             f"{len(self.prunable)} prunable, {sum(g.channels for g in self.prunable)} prunable channels"
             f" of {sum(g.channels for g in self.groups)}; frozen groups by reason: {top or 'none'}; "
             f"{self.seconds:.3f} s" + "".join(f"\nnote: {n}" for n in self.notes)
+            + "".join(f"\ninferred rule (probed, checked by the oracle): {op}" for op in self.inferred_ops.values())
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -135,6 +138,7 @@ class DependencyGraph:
             "notes": list(self.notes),
             "parts": self.parts.to_dict() if self.parts is not None else None,
             "unknown_ops": self.unknown_ops,
+            "inferred_ops": self.inferred_ops,
             "groups": [g.to_dict() for g in self.groups],
             "ties": [{"groups": list(g), "why": why} for g, why in self.ties],
         }

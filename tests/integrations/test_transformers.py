@@ -371,3 +371,25 @@ def test_a_config_that_cannot_express_the_pruned_model_is_left_and_warned():
     with pytest.warns(pfx_hf.ConfigStaleWarning, match="model.config still holds the unpruned widths"):
         said = pfx_hf.update_config(model)
     assert model.config.num_attention_heads == heads and "prunefx.save" in said
+
+
+def test_a_tokenizer_style_batch_is_keyword_inputs_through_prune_and_calibration():
+    """``{"input_ids", "attention_mask"}`` (what a tokenizer returns) as example inputs and calibration batches."""
+    torch.manual_seed(0)
+    model = T.LlamaForCausalLM(T.LlamaConfig(**GQA)).eval()
+    original = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(3)
+    mask = torch.ones(2, 8, dtype=torch.int64)
+    mask[1, :3] = 0  # left padding: the mask changes the output, so it must reach the model
+    batch = {"input_ids": torch.randint(0, V, (2, 8), generator=g), "attention_mask": mask}
+    calibration = [{"input_ids": torch.randint(0, V, (4, 8), generator=g), "attention_mask": torch.ones(4, 8,
+                   dtype=torch.int64)} for _ in range(4)]
+    result = pfx_hf.prune(model, batch, prunefx.PlanConfig(ratio=0.3, scope="local"), criterion="activation",
+                          calibration=calibration)
+    assert result.verified.ok and result.verified.exact, result.verified.message
+    assert _pruned_kinds(result) == {"heads", "mlp"}, result.plan.summary()
+    with torch.no_grad():
+        masked = original(**batch).logits
+        unmasked = original(input_ids=batch["input_ids"]).logits
+        assert not torch.allclose(masked[1], unmasked[1], atol=1e-4)  # the mask matters for this batch
+        assert model(**batch).logits.shape == masked.shape

@@ -316,3 +316,34 @@ def test_the_teacher_is_given_back_unchanged_in_its_mode() -> None:
     assert teacher.training and all(p.requires_grad for p in teacher.parameters())
     assert all(torch.equal(before[k], v) for k, v in teacher.state_dict().items())
     assert not student.training and all(p.requires_grad for p in student.parameters())
+
+
+def test_the_teacher_is_given_back_in_its_mode_when_recovery_fails() -> None:
+    teacher, student = _cut(Tagger(), torch.randn(1, 20))
+    teacher.train()
+
+    def nan_loss(out, batch):
+        return out.sum() * float("nan")
+
+    with pytest.raises(RecoverError, match="the loss is nan"):
+        recover(student, teacher, _gaussian(4, (8, 20), 1), task_loss=nan_loss,
+                config=RecoverConfig(steps=4, lr=1e-2, log_every=0, task_weight=0.5), log=_quiet)
+    assert teacher.training and all(p.requires_grad for p in teacher.parameters())
+
+
+def test_keyword_batches_and_inputs_are_model_calls() -> None:
+    teacher, student = _cut(Tagger(), torch.randn(1, 20))
+    xs = _gaussian(4, (8, 20), 1)
+    name = list(__import__("inspect").signature(Tagger.forward).parameters)[1]  # the forward's input, by name
+    cfg = RecoverConfig(steps=6, lr=1e-2, log_every=0)
+    runs = {}
+    for how, data in (("positional", xs), ("mapping", [{name: x} for x in xs]),
+                      ("inputs", [prunefx.Inputs(**{name: x}) for x in xs])):
+        runs[how] = copy.deepcopy(student)
+        recover(runs[how], teacher, data, config=cfg, log=_quiet)
+    changed = any(not torch.equal(a, b) for a, b in zip(student.state_dict().values(),
+                                                         runs["positional"].state_dict().values(), strict=True))
+    assert changed  # the runs trained
+    for how in ("mapping", "inputs"):  # the same calls, so the same weights
+        for (k, a), b in zip(runs["positional"].state_dict().items(), runs[how].state_dict().values(), strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=f"{how}: {k}")

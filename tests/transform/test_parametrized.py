@@ -41,10 +41,12 @@ def test_weight_norm_is_pruned_through_its_parametrization() -> None:
 
 def test_under_export_the_traced_weight_norm_op_freezes_loudly() -> None:
     # torch.export traces through the parametrization (aten._weight_norm over g and v): no rule maps it back to the
-    # module's weight yet, so its channels stay, said per node
+    # module's weight yet. Probed, its rows map one to one but each row's norm mixes the input channels, so those
+    # freeze, said per node, and with them every group
     dg = prunefx.analyze(wrapped(weight_norm), (torch.randn(2, 3, 10),), capture="export")
     assert not any(g.prunable for g in dg.groups)
-    assert set(dg.unknown_ops.values()) == {"torch._ops.aten.aten::_weight_norm"}
+    assert set(dg.inferred_ops) == {"_weight_norm", "_weight_norm_1", "_weight_norm_2"} and not dg.unknown_ops
+    assert any("probed op: mixes positions" in r and "_weight_norm" in r for g in dg.groups for r in g.reasons)
 
 
 def test_spectral_norm_freezes_its_channels_naming_the_fix() -> None:

@@ -316,11 +316,15 @@ def test_a_calibration_batch_the_model_cannot_take_is_refused_with_the_model_who
 def test_calibration_pairs_are_read_as_inputs_and_targets():
     from prunefx.api import _calibration_inputs
 
+    class TwoInputs(nn.Module):
+        def forward(self, x, z=None):
+            return x if z is None else x + z
+
     x, y, z = torch.ones(1), torch.zeros(1), torch.full((1,), 2.0)
-    got = _calibration_inputs([x, (x, y), [x, z], ([x, z], y)])
-    assert [tuple(t.item() for t in b) for b in got] == [(1.0,), (1.0,), (1.0, 2.0), (1.0, 2.0)]
-    with pytest.raises(PrunefxError, match="calibration batch 0 is a dict"):
-        _calibration_inputs([{"x": x}])
+    got = _calibration_inputs([x, (x, y), [x, z], ([x, z], y), {"z": z, "x": x}], TwoInputs())
+    assert [tuple(t.item() for t in b) for b in got] == [(1.0,), (1.0,), (1.0, 2.0), (1.0, 2.0), (1.0, 2.0)]
+    with pytest.raises(PrunefxError, match="calibration batch 0 is a str"):
+        _calibration_inputs(["x"], TwoInputs())
 
 
 def test_held_out_rows_judge_the_fit_and_the_applied_weights_use_every_row():

@@ -9,7 +9,7 @@ every index points inside the graph and every count adds up.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from prunefx._config import from_dict
@@ -135,6 +135,7 @@ class Graph:
     unknown_ops: dict[str, str]  # node -> op without a rule
     plan: Plan | None
     modules: tuple[Module, ...] = ()  # the module hierarchy; absent in graphs written before it
+    inferred_ops: dict[str, str] = field(default_factory=dict)  # node -> op: its probed channel map
 
     def __post_init__(self) -> None:
         if self.schema != GRAPH_SCHEMA:

@@ -21,6 +21,7 @@ Schema ``prunefx.graph/1``::
                  "members": [{..., "node": [int]}],                       # the nodes drawing each member
                  "plan": {"before", "after", "why"} | absent, "skipped": str | absent}],
      "ties": [{"groups": [int], "why": str}], "auto_leaves": {module: reason}, "unknown_ops": {node: op},
+     "inferred_ops": {node: "op: its probed channel map"},
      "plan": {"summary", "criterion", "target", "estimate"} | null,
      "modules": [{"path": str, "type": str, "parent": int}]}              # the blocks, parents first; -1: top
 
@@ -276,6 +277,7 @@ def graph_data(dg: DependencyGraph, plan: PruningPlan | None = None) -> dict[str
         "ties": [{"groups": list(ids), "why": why} for ids, why in dg.ties],
         "auto_leaves": dict(dg.auto_leaves),
         "unknown_ops": dict(dg.unknown_ops),
+        "inferred_ops": dict(dg.inferred_ops),
         "plan": None if plan is None else {"summary": plan.summary(), "criterion": plan.criterion,
                                            "target": plan.target, "estimate": plan.estimate},
         "modules": blocks,

@@ -12,6 +12,7 @@ from torch import nn
 
 import prunefx
 from prunefx.analysis import inferred
+from prunefx.view.graph_data import graph_data
 
 W16 = torch.linspace(0.5, 1.5, 16)
 
@@ -79,6 +80,7 @@ def test_a_clean_map_is_inferred_and_the_pruned_model_equals_the_masked_original
     assert dg.inferred_ops == {op: f"{__name__}.{op}: input 0 dim 1 {kind} -> dim 1"} and not dg.unknown_ops
     assert _group(dg, "c1").prunable
     assert "inferred rule (probed, checked by the oracle)" in dg.summary()
+    assert graph_data(dg)["inferred_ops"] == dg.inferred_ops  # the HTML view lists them
     if kind == "split":  # both halves of each output channel go together: c1 keeps an even count, paired
         assert _group(dg, "c1").channels == 8 and any(m.name == "c2" for m in _group(dg, "c1").members)
     original = copy.deepcopy(model)

@@ -67,6 +67,7 @@
   const preds = Array.from({length: N}, () => []);
   for (const [s, t] of G.edges) if (!preds[t].includes(s)) preds[t].push(s);
   const leafSet = new Set(Object.keys(G.auto_leaves)), unknownSet = new Set(Object.keys(G.unknown_ops));
+  const inferred = G.inferred_ops || {};  // absent in graphs written before inferred rules
   const reasonsOf = (gid) => (byId.get(gid)?.reasons || []).map((r) => r.split(" (node")[0]);
 
   // ---- summary bar
@@ -540,6 +541,7 @@
     }
     if (leafSet.has(n.target)) parts.push(h`<div class="reason">traced as a leaf: ${G.auto_leaves[n.target]}</div>`);
     if (unknownSet.has(n.name)) parts.push(h`<div class="reason">no rule for ${G.unknown_ops[n.name]}: its channels are frozen</div>`);
+    if (inferred[n.name]) parts.push(h`<div class="reason">inferred rule (probed, checked by the oracle): ${inferred[n.name]}</div>`);
     if (total[i] > 0) {
       const fixed = n.chan.filter(([g]) => g < 0).reduce((a, [, c]) => a + Number(c), 0);
       parts.push(h`<div class="kv">channels: <b>${total[i]}</b>${fixed ? ` (${fixed} fixed)` : ""}`);
@@ -580,6 +582,8 @@
     const leaves = Object.entries(G.auto_leaves), unknown = Object.entries(G.unknown_ops);
     if (leaves.length) parts.push(h`<h3>Traced as leaves</h3>${leaves.map(([m, r]) => h`<div class="reason"><span class="mono">${m}</span>: ${r}</div>`)}`);
     if (unknown.length) parts.push(h`<h3>Ops without a rule</h3>${unknown.map(([m, r]) => h`<div class="reason"><span class="mono">${m}</span>: ${r}</div>`)}`);
+    const probed = Object.entries(inferred);
+    if (probed.length) parts.push(h`<h3>Inferred rules (probed, checked by the oracle)</h3>${probed.map(([m, r]) => h`<div class="reason"><span class="mono">${m}</span>: ${r}</div>`)}`);
     const cols = REPORT ? [28, 150, 98, 0] : [28, 0, 44, 110];  // px; 0: the rest
     parts.push(h`<h3>${REPORT ? "Plan: per-group decisions" : "Groups"}</h3><table class="list"><colgroup>`,
       cols.map((w) => w ? h`<col data-w="${w}px">` : h`<col>`), h`</colgroup><tr><th>id</th><th>group</th>`,

@@ -52,7 +52,8 @@ FIXED_REASONS = ("model output", "embedding rows are looked up by token id",
                  "relative position bias rows are looked up by position")
 CSV_FIELDS = [
     "model", "zoo", "status", "prunable_share", "internal_share", "channels", "fixed_channels", "groups",
-    "prunable_groups", "pruned_groups", "frozen_reasons", "frozen_by_check", "analysis_s", "prune_s", "wall_s",
+    "prunable_groups", "pruned_groups", "frozen_reasons", "frozen_by_check", "inferred_ops", "inferred",
+    "analysis_s", "prune_s", "wall_s",
     "max_rel_error", "params_m", "inputs",
     "error", "where", "tp_status", "tp_s", "tp_error",
 ]  # fmt: skip
@@ -98,6 +99,9 @@ def census(dg: Any) -> dict[str, Any]:
         "prunable_share": round(prunable / total, 4) if total else 0.0, "fixed_channels": fixed,
         "internal_share": round(prunable / (total - fixed), 4) if total > fixed else 0.0,
         "frozen_reasons": [[k, v] for k, v in reasons.most_common(3)], "analysis_s": round(dg.seconds, 3),
+        # ops with no rule whose channel map was probed (prunefx.analysis.inferred): nodes, and the distinct ops
+        "inferred_ops": len(dg.inferred_ops),
+        "inferred": sorted({v.split(":")[0] for v in dg.inferred_ops.values()})[:3],
     }  # fmt: skip
 
 
@@ -311,7 +315,7 @@ def write_tables(rows: list[dict[str, Any]], tp_rows: dict[str, dict[str, Any]],
     for r in rows:
         r.update({k: v for k, v in tp_rows.get(r["model"], {}).items() if k.startswith("tp_")})
     flat = [{**r, "frozen_reasons": _reasons(r), "frozen_by_check": len(r.get("frozen_by_check") or []),
-             "internal_share": internal_share(r)} for r in rows]
+             "internal_share": internal_share(r), "inferred": "; ".join(r.get("inferred") or [])} for r in rows]
     table.write_csv(flat, stem.with_suffix(".csv"), CSV_FIELDS)
     s = summary(rows)
     statuses = sorted({r["status"] for r in rows}, key=lambda st: (st not in GOOD, st))

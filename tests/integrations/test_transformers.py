@@ -393,3 +393,18 @@ def test_a_tokenizer_style_batch_is_keyword_inputs_through_prune_and_calibration
         unmasked = original(input_ids=batch["input_ids"]).logits
         assert not torch.allclose(masked[1], unmasked[1], atol=1e-4)  # the mask matters for this batch
         assert model(**batch).logits.shape == masked.shape
+
+
+def test_falcons_transposed_weights_are_inferred_and_its_mlp_pruned_exactly():
+    """Falcon computes ``x @ weight.T`` (aten numpy_T, no rule): probed as a transpose, its MLP becomes prunable."""
+    torch.manual_seed(0)
+    model = T.FalconForCausalLM(T.FalconConfig(vocab_size=V, hidden_size=64, num_hidden_layers=2,
+                                               num_attention_heads=4)).eval()
+    x = _ids()
+    dg = prunefx.analyze(model, x)
+    assert dg.inferred_ops and all("numpy_T: input 0 dim 0 identity -> dim 1" in v for v in dg.inferred_ops.values())
+    assert not dg.unknown_ops and dg.prunable
+    original = copy.deepcopy(model)
+    result = pfx_hf.prune(model, x, prunefx.PlanConfig(ratio=0.3, scope="local"))
+    assert result.verified.ok and result.verified.exact, result.verified.message
+    assert prunefx.metrics.measure(model, x).macs < prunefx.metrics.measure(original, x).macs

@@ -22,3 +22,36 @@ def metric_text(model, batches):
 
 def loss_not_scalar(out, batch):
     return (out - batch[1]).square()
+
+
+class _ByName(torch.nn.Module):
+    """A regressor whose forward takes its input by name (batches are dicts of keyword inputs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
+                                        torch.nn.ReLU(), torch.nn.Linear(64, 1))
+
+    def forward(self, signal=None, scale=None):
+        out = self.body(signal)
+        return out if scale is None else out * scale
+
+
+def keyword_model():
+    torch.manual_seed(0)
+    return _ByName().eval()
+
+
+def keyword_data():
+    g = torch.Generator().manual_seed(0)
+
+    def batch():
+        x = torch.randn(8, 16, generator=g)
+        return {"signal": x}, x.sum(1, keepdim=True)
+
+    return {"train": [batch() for _ in range(4)], "val": [batch() for _ in range(2)]}
+
+
+def keyword_metric(model, batches):
+    with torch.no_grad():
+        return {"mse": float(sum(((model(**x) - y) ** 2).mean() for x, y in batches) / len(batches))}

@@ -117,3 +117,14 @@ def test_a_byte_level_llama_is_cut_refitted_and_distilled(tmp_path: Path) -> Non
     assert {x["name"].rsplit(".", 1)[-1] for x in refit["layers"]} == {"o_proj", "down_proj"}
     assert refit["after"] < refit["before"]
     assert state["stages"]["finetune"]["distill"]["losses"] == {"logits": "kl"}
+
+
+def test_batches_of_keyword_inputs_are_pruned_and_recovered(tmp_path: Path) -> None:
+    result = _prune(f"project={tmp_path}", "name=kw", "model=_custom_task:keyword_model",
+                    "data=_custom_task:keyword_data", "metric=_custom_task:keyword_metric", "task_loss=null",
+                    "prune.criterion=l1", "prune.finetune.epochs=1")
+    assert result.exit_code == 0, result.output
+    state = json.loads((tmp_path / "kw" / "state.json").read_text())
+    assert state["status"] == "complete"
+    report = load_report(tmp_path / "kw")
+    assert report["stages"]["finetuned"]["flops"] < 0.6 * report["stages"]["baseline"]["flops"]

@@ -112,11 +112,7 @@ def _from_file(path: Path) -> Inputs:
         raise SpecError(f"--input {path}: not a weights-only tensor file ({type(exc).__name__}: "
                         f"{str(exc).strip().splitlines()[0][:200]}); save inputs with torch.save(tensor_or_list, path)"
                         ) from None
-    read = as_inputs(data)
-    if read is None:
-        raise SpecError(f"--input {path}: holds {type(data).__name__}, not a tensor, a list of tensors or a dict of "
-                        "tensors; save the model's inputs with torch.save")
-    return read
+    return as_inputs(data, f"--input {path}: holds")
 
 
 def _tensors(x: Any) -> bool:
@@ -124,8 +120,9 @@ def _tensors(x: Any) -> bool:
         isinstance(x, dict) and bool(x) and all(isinstance(t, torch.Tensor) for t in x.values()))
 
 
-def as_inputs(data: Any) -> Inputs | None:
-    """``data`` read as ``prunefx.prune`` reads example inputs, or None when it holds something else."""
+def as_inputs(data: Any, what: str) -> Inputs:
+    """``data`` read as ``prunefx.prune`` reads example inputs; SpecError (``what`` it is, then its type) when it
+    holds something else."""
     if isinstance(data, Inputs):
         return data
     if isinstance(data, torch.Tensor):
@@ -134,7 +131,8 @@ def as_inputs(data: Any) -> Inputs | None:
         return Inputs(*data)
     if isinstance(data, dict) and data and all(isinstance(k, str) for k in data) and _tensors(data):
         return Inputs(**data)
-    return None
+    raise SpecError(f"{what} {type(data).__name__}, not a tensor, a list of tensors, a dict of tensors (keyword "
+                    "inputs) or prunefx.Inputs(...); save or return the model's inputs as one of those")
 
 
 __all__ = ["DTYPES", "FORMAT", "INT_HIGH", "InputSpec", "as_inputs", "example_inputs", "parse_input"]

@@ -132,11 +132,7 @@ def _given_inputs(items: Sequence[str]) -> Inputs:
     except Exception as exc:  # the user's function raised
         raise SpecError(f"--input {spec} raised {type(exc).__name__}: {exc}; it is called with no arguments."
                         ) from exc
-    read = as_inputs(data)
-    if read is None:
-        raise SpecError(f"--input {spec} returned a {type(data).__name__}; return a tensor, a tuple of positional "
-                        "inputs, a dict of keyword inputs or prunefx.Inputs(...)")
-    return read
+    return as_inputs(data, f"--input {spec} returned")
 
 
 def config_family(model: Any) -> ModelFamily:

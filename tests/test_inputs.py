@@ -67,7 +67,7 @@ def test_a_factory_builds_the_inputs(monkeypatch) -> None:
     assert ids.shape == (2, 5) and mask is None and pixels.shape == (2, 3, 8, 8)
     with pytest.raises(SpecError, match="give it alone"):
         load_spec("_factories:two_tower", inputs=["_factories:keyword_inputs", "1x4"])
-    with pytest.raises(SpecError, match="returned a int"):
+    with pytest.raises(SpecError, match="returned int"):
         load_spec("_factories:two_tower", inputs=["_factories:not_inputs"])
     with pytest.raises(SpecError, match="raised ValueError: no data here"):
         load_spec("_factories:two_tower", inputs=["_factories:inputs_that_raise"])

@@ -32,11 +32,11 @@ TEXT = {
     "groups[].inexact_reasons[]",
     "groups[].members[].name", "groups[].members[].role", "groups[].members[].type", "groups[].members[].slices",
     "groups[].label", "groups[].plan.why", "groups[].skipped", "ties[].why", "auto_leaves.*", "unknown_ops.*",
-    "plan.summary", "plan.criterion", "plan.target.*",
+    "inferred_ops.*", "plan.summary", "plan.criterion", "plan.target.*",
 }
 NOT_TEXT = {"schema", "nodes[].op", "groups[].members[].kind"}  # strings, but one of a few names
 # Maps keyed by free text (a module, a node, a frozen reason, a target or estimate name).
-MAPS = {("auto_leaves",), ("unknown_ops",), ("summary", "frozen_reasons"), ("plan", "target"), ("plan", "estimate")}
+MAPS = {("auto_leaves",), ("unknown_ops",), ("inferred_ops",), ("summary", "frozen_reasons"), ("plan", "target"), ("plan", "estimate")}
 
 
 class Gate(nn.Module):
@@ -55,7 +55,7 @@ class Toy(nn.Module):
     def forward(self, x):
         p, q = self.b(self.bn(self.a(x))).chunk(2, 1)  # the halves are tied
         z = torch.cat([p, self.c(q)], 1)
-        return self.e(self.gate(torch.i0(self.d(torch.cat([z, q], 1)))))  # i0: an op without a rule
+        return self.e(self.gate(torch.i0(self.d(torch.cat([z, q], 1)))))  # i0: an op without a rule, probed: inferred
 
 
 def sample_run() -> tuple[dict[str, Any], dict[str, Any]]:

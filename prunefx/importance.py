@@ -26,7 +26,7 @@ from torch.nn.utils import parametrize
 
 from prunefx.analysis.groups import Group, Member
 from prunefx.analysis.roles import CHANNEL, IN, Kind
-from prunefx.capture.inputs import positional
+from prunefx.capture.inputs import Inputs
 from prunefx.errors import PrunefxError
 
 if TYPE_CHECKING:
@@ -497,8 +497,17 @@ def _numpy(t: torch.Tensor) -> np.ndarray:
 
 
 def _call(model: nn.Module, inputs: Any, device: torch.device) -> Any:
-    """``model`` on one calibration batch's inputs (a tensor, positional inputs, or keyword inputs), on ``device``."""
-    return model(*_to(positional(model, inputs), device))
+    """``model`` on one calibration batch's inputs (a tensor, positional inputs, or keyword inputs), on ``device``.
+
+    Called as given (``model(**batch)``), not bound by position: a forward's ``**kwargs`` may take keys it does not
+    name, and scoring needs no graph."""
+    if isinstance(inputs, Inputs):
+        return model(*_to(inputs.args, device), **_to(inputs.kwargs, device))
+    if isinstance(inputs, dict):
+        return model(**_to(inputs, device))
+    if isinstance(inputs, (tuple, list)):
+        return model(*_to(inputs, device))
+    return model(_to(inputs, device))
 
 
 def _to(x: Any, device: torch.device) -> Any:

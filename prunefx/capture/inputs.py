@@ -37,25 +37,9 @@ class Inputs:
         object.__setattr__(self, "args", tuple(args))  # frozen: set once, here
         object.__setattr__(self, "kwargs", dict(kwargs))
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Inputs) and _same(self.args, other.args) and _same(self.kwargs, other.kwargs)
-
-    __hash__ = None  # type: ignore[assignment] - holds tensors
-
     def __repr__(self) -> str:
         parts = [_brief(a) for a in self.args] + [f"{k}={_brief(v)}" for k, v in self.kwargs.items()]
         return f"Inputs({', '.join(parts)})"
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and bool(
-            torch.equal(a, b))
-    if isinstance(a, Mapping) and isinstance(b, Mapping):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
-    return a == b
 
 
 def _brief(x: Any) -> str:

@@ -42,6 +42,7 @@ def test_binding_fills_the_parameters_between_with_their_defaults() -> None:
         positional(m, {"pixels": px})
     with pytest.raises(PrunefxError, match="already give"):
         bind(m, (ids,), {"input_ids": ids})
+    assert repr(Inputs(torch.zeros(2, 3), mask=None)) == "Inputs(tensor(2x3, float32), mask=None)"
 
 
 class _KeywordOnly(nn.Module):

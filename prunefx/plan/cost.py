@@ -53,7 +53,7 @@ class CostModel:
         named = dict(model.named_modules())
         for name, macs in per_module.items():
             mod = named.get(name)
-            roles = by_module.get(name, [])
+            roles = by_module.get(name, []) or _weight_dims(mod, name, self._pos)
             if isinstance(mod, nn.modules.conv._ConvNd) and mod.groups > 1 and mod.groups == mod.in_channels:
                 roles = [k for k in roles if k.role != IN]
             self._modules.append((float(macs), roles))
@@ -130,6 +130,18 @@ def _own_macs(model: nn.Module, per_module: dict[str, int]) -> dict[str, float]:
 
 
 _CONTRACTIONS = {"linear", "addmm", "mm", "bmm", "matmul", "conv1d", "conv2d", "conv3d", "scaled_dot_product_attention"}
+
+
+def _weight_dims(mod: nn.Module | None, name: str, records: dict[RecordKey, object]) -> list[RecordKey]:
+    """A layer with no module record (its forward is its own code: Falcon's ``x @ self.weight.T``) scales with its
+    weight's sliced dims: the records of its own parameter with the most dims (a bias repeats the out dim)."""
+    if mod is None:
+        return []
+    params = sorted(mod.named_parameters(recurse=False), key=lambda kv: -kv[1].dim())
+    for pname, _ in params[:1]:
+        qual = f"{name}.{pname}" if name else pname
+        return [k for k in records if k.kind is Kind.PARAM and k.name == qual]
+    return []
 
 
 def graph_macs(dg: DependencyGraph) -> tuple[float, dict[str, float]]:

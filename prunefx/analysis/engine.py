@@ -393,6 +393,9 @@ class Engine:
         desc = describe_target(ctx.node, ctx.module)
         # an automatic leaf's code branches on values: a probe on random ones says nothing about the model's
         probe = ctx.node.op != "call_module" or ctx.node.target not in self.auto_leaves
+        # a size read from channels passed in (op(x, x.size(1))): after the cut the op gets another number than the
+        # probe gave it, so what it does with it is unknown
+        probe = probe and not any(size_sources(x) for x in _flatten(labs))
         if probe and isinstance(val, torch.Tensor) and any(isinstance(x, Lab) and x.labeled() for x in _flatten(labs)):
             lab, found = infer(ctx, desc)  # probed on real values; the oracle still checks every plan
             if lab is not None:

@@ -131,3 +131,24 @@ def test_inferences_are_cached_per_op_and_shapes(monkeypatch) -> None:
     assert len(calls) == 1
     prunefx.analyze(_net("swish_like"), torch.rand(1, 3, 12, 12))  # other shapes: probed again
     assert len(calls) == 2
+
+
+def scaled_by_count(x, c):
+    return x * (16.0 / c)  # the same as x at the captured width, not after a cut
+
+
+torch.fx.wrap("scaled_by_count")
+
+
+class CountedNet(Net):
+    def forward(self, x):
+        y = self.c1(x)
+        return self.head(self.c2(scaled_by_count(y, y.shape[1])).mean((2, 3)))
+
+
+def test_an_op_given_a_channel_count_is_not_probed() -> None:
+    torch.manual_seed(0)
+    dg = prunefx.analyze(CountedNet("swish_like").eval(), X)
+    g = _group(dg, "c1")
+    assert not g.prunable and any("no rule for" in r and "scaled_by_count" in r for r in g.reasons), g.reasons
+    assert not dg.inferred_ops

@@ -36,7 +36,8 @@ TEXT = {
 }
 NOT_TEXT = {"schema", "nodes[].op", "groups[].members[].kind"}  # strings, but one of a few names
 # Maps keyed by free text (a module, a node, a frozen reason, a target or estimate name).
-MAPS = {("auto_leaves",), ("unknown_ops",), ("inferred_ops",), ("summary", "frozen_reasons"), ("plan", "target"), ("plan", "estimate")}
+MAPS = {("auto_leaves",), ("unknown_ops",), ("inferred_ops",), ("summary", "frozen_reasons"), ("plan", "target"),
+        ("plan", "estimate")}
 
 
 class Gate(nn.Module):

@@ -28,6 +28,7 @@ _PUBLIC = {
     "apply_plan": "prunefx.transform", "register_fixer": "prunefx.transform",
     "verify": "prunefx.verify", "VerifyResult": "prunefx.verify",
     "prune": "prunefx.api", "PruneResult": "prunefx.api",
+    "prune_depth": "prunefx.depth", "DepthResult": "prunefx.depth",
     "save": "prunefx.checkpoint", "load": "prunefx.checkpoint",
     "recover": "prunefx.train.recover", "RecoverConfig": "prunefx.train.recover",
     "PrunefxError": "prunefx.errors", "VerificationError": "prunefx.errors", "ScoreScaleWarning": "prunefx.errors",
@@ -35,7 +36,8 @@ _PUBLIC = {
 __all__ = [  # in pipeline order, as docs/api.md introduces them
     "Inputs", "trace", "register_leaf", "analyze", "DependencyGraph", "Group", "Member", "register_rule",
     "score", "Scores", "register_criterion", "make_plan", "PlanConfig", "PlanError", "PruningPlan", "CostModel",
-    "apply_plan", "register_fixer", "verify", "VerifyResult", "prune", "PruneResult", "save", "load", "recover",
+    "apply_plan", "register_fixer", "verify", "VerifyResult", "prune", "PruneResult", "prune_depth", "DepthResult",
+    "save", "load", "recover",
     "RecoverConfig", "PrunefxError", "VerificationError", "ScoreScaleWarning",
 ]  # fmt: skip
 __version__ = "0.1.0"

@@ -9,7 +9,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CORE = {"capture", "passes", "analysis", "importance", "plan", "transform", "verify", "checkpoint", "steps",
-        "sensitivity", "api"}
+        "sensitivity", "api", "depth", "verify_depth"}
 BASE = {"errors", "_io", "_plugins", "_config", "_state", "_defaults", "_extras"}
 # unit -> the units it may import (besides itself and BASE)
 ALLOWED: dict[str, set[str]] = {
@@ -27,6 +27,9 @@ ALLOWED: dict[str, set[str]] = {
     "steps": {"analysis", "capture", "plan", "transform", "verify"},
     # measured sensitivity: prunes copies of the model (transform) to measure the damage curves a plan reads
     "sensitivity": {"analysis", "capture", "importance", "plan", "transform"},
+    # depth pruning: residual blocks found, scored on data, removed, checked by its own oracle
+    "verify_depth": {"analysis", "capture", "plan", "verify"},
+    "depth": {"analysis", "capture", "plan", "transform", "verify", "verify_depth", "sensitivity"},
     "api": {"analysis", "capture", "importance", "metrics", "plan", "transform", "verify", "steps", "sensitivity"},
     "onnx_export": {"capture", "metrics", "passes"},  # ONNX files checked with ONNX Runtime
     "report": {"metrics", "view"},  # report.html draws a run's graph.json with the view's page

@@ -1,5 +1,6 @@
 """transformers plugin: export capture for every ``PreTrainedModel``, fixers for ``Conv1D`` and the attention
-layouts (registered when transformers is in use; see ``prunefx.integrations.transformers``)."""
+layouts, the layer-list compactor of depth pruning (registered when transformers is in use; see
+``prunefx.integrations.transformers``)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,17 @@ from transformers import PreTrainedModel
 from transformers.pytorch_utils import Conv1D
 
 from prunefx.capture.torch_export import register_export
+from prunefx.integrations.transformers.depth import compact_layers
 from prunefx.integrations.transformers.layouts import attention_classes, rewrite_attributes
+from prunefx.transform.depth import register_compactor
 from prunefx.transform.fixers import register_fixer
 
 # transformers' forwards branch on shapes and build masks in Python (no fx tracer since v5); export follows them.
 # A DynamicCache in the output is not a pytree: the capture runs without a cache.
 register_export(PreTrainedModel, lambda model: {"use_cache": False})
+# removed decoder layers leave the layer list; num_hidden_layers, layer_types and layer_idx follow
+register_compactor(lambda model, container, positions: compact_layers(model, container, positions)
+                   if isinstance(model, PreTrainedModel) else None)
 
 
 @register_fixer(Conv1D, literals=True)

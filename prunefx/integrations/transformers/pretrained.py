@@ -160,7 +160,8 @@ def check_config(model: nn.Module, cfg) -> list[str]:
         return [f"{type(cfg).__name__} cannot be built: {str(exc).strip().splitlines()[-1]}"]
     want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     got = {k: tuple(v.shape) for k, v in fresh.state_dict().items()}
-    return [f"{k}: pruned {want[k]}, config gives {got.get(k)}" for k in want if got.get(k) != want[k]]
+    bad = [f"{k}: pruned {want[k]}, config gives {got.get(k)}" for k in want if got.get(k) != want[k]]
+    return bad + [f"{k}: the config builds it, the pruned model has none" for k in got if k not in want]
 
 
 def source_paths(model: nn.Module) -> list[Path]:

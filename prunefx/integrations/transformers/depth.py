@@ -1,0 +1,98 @@
+"""Depth pruning of Hugging Face models: removed decoder layers leave the layer list, and the config says so.
+
+The compactor (registered with :func:`prunefx.transform.depth.register_compactor`) takes a ``ModuleList`` whose
+nearest owner with a config counts it (``num_hidden_layers == len(list)``): it drops the removed layers, renumbers
+every ``layer_idx`` (the KV cache's index), sets ``num_hidden_layers``, drops the removed places from every
+per-layer list of that config (``layer_types``) and renumbers its lists of layer indices (``mlp_only_layers``). The model then stays an ordinary HF model:
+``model.save_pretrained`` and ``from_pretrained`` rebuild it (checked by :func:`check_layers`).
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from torch import nn
+
+from prunefx.depth import DepthResult
+from prunefx.depth import prune_depth as _prune_depth
+from prunefx.integrations.transformers.api import ConfigStaleWarning
+from prunefx.integrations.transformers.pretrained import check_config
+from prunefx.transform.depth import Undo
+
+LAYERS = "num_hidden_layers"
+
+
+def _owner_config(model: nn.Module, container: str, n: int):
+    """The config of the nearest module above ``container`` that has one counting ``n`` layers, else None."""
+    parts = container.split(".") if container else []
+    for k in range(len(parts), -1, -1):
+        owner = model.get_submodule(".".join(parts[:k]))
+        cfg = getattr(owner, "config", None)
+        if cfg is not None and getattr(cfg, LAYERS, None) == n:
+            return cfg
+    return None
+
+
+def compact_layers(model: nn.Module, container: str, positions: Sequence[int]) -> Undo | None:
+    """Drop ``positions`` from the layer list at ``container`` (see the module doc); None when it is no such list."""
+    layers = model.get_submodule(container)
+    cfg = _owner_config(model, container, len(layers)) if isinstance(layers, nn.ModuleList) else None
+    if cfg is None:
+        return None
+    drop = set(positions)
+    n = len(layers)
+    kept = [m for i, m in enumerate(layers) if i not in drop]
+    renumbered = []
+    for i, layer in enumerate(kept):
+        for m in layer.modules():
+            if isinstance(getattr(m, "layer_idx", None), int):
+                renumbered.append((m, m.layer_idx))
+                m.layer_idx = i
+    lists = {k: v for k, v in vars(cfg).items() if isinstance(v, (list, tuple)) and len(v) == n}
+    # lists of layer indices (Qwen-MoE's mlp_only_layers): the kept ones renumbered, the removed ones gone
+    indices = {k: v for k, v in vars(cfg).items() if k.endswith("_layers") and k not in lists
+               and isinstance(v, (list, tuple)) and all(type(i) is int and 0 <= i < n for i in v)}
+    new_index = {old: new for new, old in enumerate(i for i in range(n) if i not in drop)}
+    for k, v in lists.items():
+        setattr(cfg, k, type(v)(x for i, x in enumerate(v) if i not in drop))
+    for k, v in indices.items():
+        setattr(cfg, k, type(v)(new_index[i] for i in v if i in new_index))
+    setattr(cfg, LAYERS, len(kept))
+    parent_path, _, key = container.rpartition(".")
+    parent = model.get_submodule(parent_path)
+    setattr(parent, key, nn.ModuleList(kept))
+
+    def undo() -> None:
+        setattr(parent, key, layers)
+        for m, idx in renumbered:
+            m.layer_idx = idx
+        for k, v in (*lists.items(), *indices.items()):
+            setattr(cfg, k, v)
+        setattr(cfg, LAYERS, n)
+
+    return undo
+
+
+def check_layers(model: nn.Module) -> str | None:
+    """Why ``model.config`` would not rebuild the depth-pruned model (a warning is raised too), or None."""
+    if not hasattr(getattr(model, "config", None), "model_type"):
+        return None
+    bad = check_config(model, copy.deepcopy(model.config))
+    if not bad:
+        return None
+    message = (f"model.config does not rebuild the pruned model ({bad[0]}); model.save_pretrained would write a "
+               "checkpoint that does not load: save with prunefx.save, or remove other layers")
+    warnings.warn(message, ConfigStaleWarning, stacklevel=3)
+    return message
+
+
+def prune_depth(model: nn.Module, example_inputs: Any, **kwargs: Any) -> DepthResult:
+    """:func:`prunefx.prune_depth` for transformers: removed decoder layers leave the layer list and the config
+    (``num_hidden_layers``, ``layer_types``, ``layer_idx`` renumbered), checked to rebuild the pruned model."""
+    result = _prune_depth(model, example_inputs, **kwargs)
+    said = check_layers(result.model)
+    return replace(result, warnings=(*result.warnings, said)) if said else result

@@ -1,0 +1,88 @@
+"""Depth pruning of Hugging Face decoders: removed layers leave the layer list and the config, the result equals the
+original with those layers' residual branches zeroed (the oracle), reloads through ``from_pretrained`` and generates
+with its KV cache as without it."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import prunefx.depth
+from prunefx.errors import VerificationError
+from prunefx.integrations import transformers as pfx_hf
+
+T = transformers
+V = 64
+BASE = dict(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+            num_key_value_heads=2)
+CONFIGS = {
+    "llama": lambda: T.LlamaConfig(**BASE),
+    "qwen3": lambda: T.Qwen3Config(**BASE, head_dim=8),
+    "gemma3": lambda: T.Gemma3TextConfig(**{**BASE, "num_hidden_layers": 6}, head_dim=8, sliding_window=4),
+    "mixtral": lambda: T.MixtralConfig(**BASE, num_local_experts=4, num_experts_per_tok=2),
+    "qwen3_moe": lambda: T.Qwen3MoeConfig(**BASE, head_dim=8, moe_intermediate_size=16, num_experts=4,
+                                          num_experts_per_tok=2, mlp_only_layers=[1, 2]),
+    "gpt2": lambda: T.GPT2Config(vocab_size=V, n_embd=32, n_layer=4, n_head=4),
+}
+
+
+def _model(name: str):
+    torch.manual_seed(0)
+    return T.AutoModelForCausalLM.from_config(CONFIGS[name]()).eval()
+
+
+def _layers(model):
+    return model.transformer.h if hasattr(model, "transformer") else model.model.layers
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_removed_decoder_layers_reload_and_generate(name, tmp_path):
+    model = _model(name)
+    ids = torch.randint(0, V, (2, 8))
+    cfg = model.config
+    n = cfg.num_hidden_layers
+    old_types = list(getattr(cfg, "layer_types", None) or [])
+    result = pfx_hf.prune_depth(model, ids, remove=2, criterion="output")
+    assert result.verified.ok and not result.warnings
+    gone = [int(p.rsplit(".", 1)[1]) for p in result.plan.remove]
+    assert cfg.num_hidden_layers == n - 2 == len(_layers(model))
+    if old_types:
+        assert cfg.layer_types == [t for i, t in enumerate(old_types) if i not in gone]
+    if name == "qwen3_moe":  # layers 1 and 2 were dense: the kept ones renumbered, the removed ones gone
+        kept = [i for i in range(n) if i not in gone]
+        assert cfg.mlp_only_layers == [kept.index(i) for i in (1, 2) if i in kept]
+    idx = [m.layer_idx for layer in _layers(model) for m in layer.modules() if hasattr(m, "layer_idx")]
+    assert sorted(set(idx)) == list(range(n - 2))
+    model.save_pretrained(tmp_path)
+    back = T.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(back(ids).logits, model(ids).logits, rtol=1e-5, atol=1e-5)
+    prompt = ids[:1]
+    cached = model.generate(prompt, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    plain = model.generate(prompt, max_new_tokens=4, do_sample=False, pad_token_id=0, use_cache=False)
+    assert torch.equal(cached, plain)
+
+
+def test_a_failed_check_puts_layers_config_and_indices_back(monkeypatch):
+    model = _model("gemma3")
+    ids = torch.randint(0, V, (1, 8))
+    before = copy.deepcopy(model.config.to_dict())
+    with torch.no_grad():
+        logits = model(ids).logits
+
+    def failing(*args, **kwargs):
+        return replace(real(*args, **kwargs), ok=False, message="forced")
+
+    real = prunefx.depth.verify_depth
+    monkeypatch.setattr(prunefx.depth, "verify_depth", failing)
+    with pytest.raises(VerificationError, match="forced"):
+        pfx_hf.prune_depth(model, ids, remove=2)
+    assert model.config.to_dict() == before and len(model.model.layers) == 6
+    assert [layer.self_attn.layer_idx for layer in model.model.layers] == list(range(6))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, logits)

@@ -1,0 +1,166 @@
+"""Depth pruning: residual blocks found from the graph, scored, removed; the result equals the original with the
+removed blocks' residual branches zeroed (checked here independently of the oracle, by zeroing the weights of each
+removed block's last layers in a copy)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import prunefx
+from prunefx.analysis import analyze
+from prunefx.analysis.blocks import residual_blocks
+from prunefx.depth import score_blocks
+from prunefx.errors import PrunefxError, VerificationError
+from prunefx.transform.depth import Bypass, block_calls
+
+torchvision = pytest.importorskip("torchvision")
+
+
+class PreNorm(nn.Module):
+    """A pre-norm transformer block: h = x + attn(ln(x)); h + mlp(ln(h))."""
+
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(self.ln1(x)).chunk(3, dim=-1)
+        x = x + self.proj(F.scaled_dot_product_attention(q, k, v))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+class Tiny(nn.Module):
+    def __init__(self, depth: int = 5, d: int = 16) -> None:
+        super().__init__()
+        self.embed = nn.Linear(4, d)
+        self.blocks = nn.Sequential(*[PreNorm(d) for _ in range(depth)])
+        self.head = nn.Linear(d, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(self.embed(x)))
+
+
+def _tiny(seed: int = 0) -> Tiny:
+    torch.manual_seed(seed)
+    return Tiny().eval()
+
+
+def _zero_branches(model: nn.Module, removed: list[str]) -> nn.Module:
+    """A copy whose removed pre-norm blocks add zeros: their two output layers' weights and biases zeroed."""
+    ref = copy.deepcopy(model)
+    for path in removed:
+        block = ref.get_submodule(path)
+        for layer in (block.proj, block.fc2):
+            nn.init.zeros_(layer.weight)
+            nn.init.zeros_(layer.bias)
+    return ref
+
+
+def test_blocks_of_a_pre_norm_stack_are_its_layers_with_their_two_branches():
+    m = _tiny()
+    search = residual_blocks(m, analyze(m, torch.randn(2, 6, 4)).gm)
+    assert [b.path for b in search.blocks] == [f"blocks.{i}" for i in range(5)]
+    assert all(len(b.branches) == 2 and b.identity for b in search.blocks)
+    assert search.blocks[0].params == sum(p.numel() for p in m.blocks[0].parameters())
+
+
+def test_removed_blocks_equal_the_original_with_their_branches_zeroed():
+    m = _tiny()
+    x = torch.randn(2, 6, 4)
+    original = copy.deepcopy(m)
+    result = prunefx.prune_depth(m, x, remove=2, calibration=[torch.randn(4, 6, 4)])
+    assert result.verified.ok and len(result.plan.remove) == 2
+    assert sum(isinstance(b, Bypass) for b in m.blocks) == 2
+    ref = _zero_branches(original, list(result.plan.remove))
+    x2 = torch.randn(3, 7, 4)  # another input than the example: the equality is structural
+    torch.testing.assert_close(m(x2), ref(x2), rtol=1e-5, atol=1e-6)
+    assert sum(p.numel() for p in m.parameters()) == result.plan.params_after
+
+
+def test_influence_is_one_minus_the_tokens_cosine():
+    m = _tiny()
+    x = torch.randn(2, 6, 4)
+    dg = analyze(m, x)
+    blocks = residual_blocks(m, dg.gm).blocks
+    scores = score_blocks(m, blocks, block_calls(m, dg.gm, blocks, (x,)), [((x,), None)])
+    h = m.embed(x)
+    for i, block in enumerate(m.blocks):
+        y = block(h)
+        want = (1 - F.cosine_similarity(h.double(), y.double(), dim=-1)).mean().item()
+        assert scores[f"blocks.{i}"] == pytest.approx(want, rel=1e-6, abs=1e-9)
+        h = y
+
+
+def test_output_criterion_with_a_loss_measures_each_block_removed_alone():
+    m = _tiny()
+    x, t = torch.randn(4, 6, 4), torch.randint(0, 3, (4, 6))
+
+    def loss(out, target):
+        return F.cross_entropy(out.reshape(-1, 3), target.reshape(-1))
+
+    result = prunefx.prune_depth(copy.deepcopy(m), x, remove=1, criterion="output", calibration=[(x, t)],
+                                 loss_fn=loss)
+    base = loss(m(x), t).item()
+    for path, got in result.plan.scores:
+        alone = _zero_branches(m, [path])
+        assert got == pytest.approx(loss(alone(x), t).item() - base, rel=1e-4, abs=1e-6)
+    assert result.plan.remove == (min(result.plan.scores, key=lambda s: s[1])[0],)
+
+
+def test_resnet_keeps_blocks_that_change_shape_and_bypasses_keep_the_relu_after_the_add():
+    m = torchvision.models.resnet18().eval()
+    x = torch.randn(2, 3, 64, 64)
+    search = residual_blocks(m, analyze(m, x).gm)
+    assert [b.path for b in search.blocks] == ["layer1.0", "layer1.1", "layer2.1", "layer3.1", "layer4.1"]
+    refused = dict(search.refused)
+    assert "shortcut" in refused["layer2.0"]
+    result = prunefx.prune_depth(m, x, params=0.7)
+    assert result.verified.ok
+    total = result.plan.params_before
+    assert result.plan.params_after <= 0.7 * total
+    own = dict((b.path, b.params) for b in search.blocks)
+    # the fewest blocks: putting back the smallest removed one would break the target
+    assert result.plan.params_after + min(own[p] for p in result.plan.remove) > 0.7 * total
+    bypass = next(b for b in m.modules() if isinstance(b, Bypass))
+    z = torch.randn(1, 8, 4, 4)
+    torch.testing.assert_close(bypass(z), torch.relu(z))
+
+
+def test_a_wrong_rewrite_fails_the_check_and_gives_the_blocks_back(monkeypatch):
+    m = _tiny()
+    x = torch.randn(2, 6, 4)
+    before = m(x)
+    monkeypatch.setattr(Bypass, "forward", lambda self, x: 2 * x)
+    with pytest.raises(VerificationError, match="blocks are back"):
+        prunefx.prune_depth(m, x, remove=1)
+    assert not any(isinstance(b, Bypass) for b in m.modules())
+    torch.testing.assert_close(m(x), before)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(remove=9), "has 5 removable blocks"),
+    (dict(params=0.005), "cannot be met by removing blocks"),
+    (dict(remove=1, params=0.5), "give one depth target"),
+    (dict(remove=1, criterion="magic"), "unknown depth criterion"),
+    (dict(remove=1, blocks=["embed"]), "embed cannot be removed"),
+])
+def test_bad_depth_targets_are_one_clear_error_and_leave_the_model(kwargs, match):
+    m = _tiny()
+    state = copy.deepcopy(m.state_dict())
+    with pytest.raises(PrunefxError, match=match):
+        prunefx.prune_depth(m, torch.randn(2, 6, 4), **kwargs)
+    assert not any(isinstance(b, Bypass) for b in m.modules())
+    assert all(torch.equal(state[k], v) for k, v in m.state_dict().items())
+
+
+def test_a_model_without_residual_blocks_says_so():
+    m = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    with pytest.raises(PrunefxError, match="no removable residual block"):
+        prunefx.prune_depth(m, torch.randn(2, 4), remove=1)

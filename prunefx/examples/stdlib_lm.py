@@ -70,18 +70,24 @@ def make_data(n_train: int = 32, n_val: int = 8, batch: int = BATCH, seq: int = 
     return out
 
 
-def tiny_llama() -> nn.Module:
-    """A 4-layer Llama: hidden 128, 4 query heads over 2 KV heads, MLP 384, byte vocabulary."""
+def tiny_llama(layers: int = 4) -> nn.Module:
+    """A 4-layer (or ``layers``-layer) Llama: hidden 128, 4 query heads over 2 KV heads, MLP 384, byte vocabulary."""
     transformers = require("transformers", "prunefx.examples.stdlib_lm")
-    config = transformers.LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
+    config = transformers.LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=384, num_hidden_layers=layers,
                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=SEQ,
                                       bos_token_id=None, eos_token_id=None, pad_token_id=None)
     return transformers.LlamaForCausalLM(config)
 
 
-def trained_lm(seed: int = 0, steps: int = STEPS) -> nn.Module:
+def trained_lm(seed: int = 0, steps: int = STEPS, layers: int = 4) -> nn.Module:
     """:func:`tiny_llama` trained on the corpus's training bytes (cached; see the module docstring)."""
     torch.manual_seed(seed)
+    return train_lm(tiny_llama(layers), seed, steps, f"stdlib-lm-v{VERSION}-{corpus_hash()}-seed{seed}-steps{steps}"
+                    + (f"-layers{layers}" if layers != 4 else ""))
+
+
+def train_lm(model: nn.Module, seed: int, steps: int, key: str | None = None) -> nn.Module:
+    """``model`` trained by the recipe of :func:`trained_lm` (cached under ``key`` when given)."""
 
     def train(model: nn.Module) -> None:
         ids = _split("train")
@@ -98,7 +104,11 @@ def trained_lm(seed: int = 0, steps: int = STEPS) -> nn.Module:
             optimizer.step()
             schedule.step()
 
-    return cached(tiny_llama(), f"stdlib-lm-v{VERSION}-{corpus_hash()}-seed{seed}-steps{steps}", train)
+    if key is None:
+        model.train()
+        train(model)
+        return model.eval()
+    return cached(model, key, train)
 
 
 def _logits(out) -> torch.Tensor:

@@ -3,8 +3,9 @@
 The compactor (registered with :func:`prunefx.transform.depth.register_compactor`) takes a ``ModuleList`` whose
 nearest owner with a config counts it (``num_hidden_layers == len(list)``): it drops the removed layers, renumbers
 every ``layer_idx`` (the KV cache's index), sets ``num_hidden_layers``, drops the removed places from every
-per-layer list of that config (``layer_types``) and renumbers its lists of layer indices (``mlp_only_layers``). The model then stays an ordinary HF model:
-``model.save_pretrained`` and ``from_pretrained`` rebuild it (checked by :func:`check_layers`).
+per-layer list of that config (``layer_types``) and renumbers its lists of layer indices (``mlp_only_layers``).
+The model then stays an ordinary HF model: ``model.save_pretrained`` and ``from_pretrained`` rebuild it (checked
+by :func:`check_layers`).
 """
 
 from __future__ import annotations

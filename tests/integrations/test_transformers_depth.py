@@ -12,6 +12,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+import prunefx
 import prunefx.depth
 from prunefx.errors import VerificationError
 from prunefx.integrations import transformers as pfx_hf
@@ -44,10 +45,10 @@ def _layers(model):
 def test_removed_decoder_layers_reload_and_generate(name, tmp_path):
     model = _model(name)
     ids = torch.randint(0, V, (2, 8))
-    cfg = model.config
-    n = cfg.num_hidden_layers
-    old_types = list(getattr(cfg, "layer_types", None) or [])
+    n = model.config.num_hidden_layers
+    old_types = list(getattr(model.config, "layer_types", None) or [])
     result = pfx_hf.prune_depth(model, ids, remove=2, criterion="output")
+    cfg = model.config
     assert result.verified.ok and not result.warnings
     gone = [int(p.rsplit(".", 1)[1]) for p in result.plan.remove]
     assert cfg.num_hidden_layers == n - 2 == len(_layers(model))
@@ -86,3 +87,17 @@ def test_a_failed_check_puts_layers_config_and_indices_back(monkeypatch):
     assert [layer.self_attn.layer_idx for layer in model.model.layers] == list(range(6))
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, logits)
+
+
+def test_the_callers_config_object_is_not_changed():
+    cfg = T.LlamaConfig(**{**BASE, "hidden_size": 64, "num_attention_heads": 8, "num_key_value_heads": 4})
+    first, second = T.AutoModelForCausalLM.from_config(cfg).eval(), T.AutoModelForCausalLM.from_config(cfg).eval()
+    assert first.config is cfg  # from_config keeps the caller's object
+    ids = torch.randint(0, V, (1, 8))
+    pfx_hf.prune_depth(first, ids, remove=1)
+    pfx_hf.prune(first, ids, prunefx.PlanConfig(ratio=0.5))
+    assert (cfg.num_hidden_layers, cfg.num_attention_heads, cfg.intermediate_size) == (4, 8, 64)
+    assert (first.config.num_hidden_layers, first.config.num_attention_heads) == (3, 4)
+    assert all(m.config is first.config for m in first.modules() if hasattr(m, "config"))
+    with torch.no_grad():
+        assert second(ids).logits.shape == (1, 8, V)

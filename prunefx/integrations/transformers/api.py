@@ -14,7 +14,7 @@ from torch import nn
 from prunefx.api import PruneResult
 from prunefx.api import prune as _prune
 from prunefx.errors import PrunefxError
-from prunefx.integrations.transformers.pretrained import check_config, derived_config, head_widths
+from prunefx.integrations.transformers.pretrained import check_config, derived_config, head_widths, own_config
 from prunefx.plan import PlanConfig
 
 
@@ -40,6 +40,7 @@ def prune(
     the residual stream untouched unless ``hidden=True``, weight-norm importance by default (``criterion="activation"``
     with ``calibration=[input_ids, ...]`` or ``"taylor"`` with ``loss_fn`` use data)."""
     config = config or PlanConfig(ratio=0.3)
+    own_config(model)  # the widths are written into model.config: not into a config object other models share
     stream = () if hidden else stream_patterns(model)
     # head counts the config can write (Llama: hidden_size % heads == 0), so the user's save_pretrained works
     config = replace(config, ignore=(*config.ignore, *stream), uniform_layers=True,

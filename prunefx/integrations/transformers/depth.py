@@ -21,7 +21,7 @@ from torch import nn
 from prunefx.depth import DepthResult
 from prunefx.depth import prune_depth as _prune_depth
 from prunefx.integrations.transformers.api import ConfigStaleWarning
-from prunefx.integrations.transformers.pretrained import check_config
+from prunefx.integrations.transformers.pretrained import check_config, own_config
 from prunefx.transform.depth import Undo
 
 LAYERS = "num_hidden_layers"
@@ -41,9 +41,10 @@ def _owner_config(model: nn.Module, container: str, n: int):
 def compact_layers(model: nn.Module, container: str, positions: Sequence[int]) -> Undo | None:
     """Drop ``positions`` from the layer list at ``container`` (see the module doc); None when it is no such list."""
     layers = model.get_submodule(container)
-    cfg = _owner_config(model, container, len(layers)) if isinstance(layers, nn.ModuleList) else None
-    if cfg is None:
+    if not isinstance(layers, nn.ModuleList) or _owner_config(model, container, len(layers)) is None:
         return None
+    own_config(model)  # the new depth is written into the config: not into an object other models share
+    cfg = _owner_config(model, container, len(layers))
     drop = set(positions)
     n = len(layers)
     kept = [m for i, m in enumerate(layers) if i not in drop]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import os
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,6 +106,31 @@ def derived_config(model: nn.Module):
                 "target it can express, prune MLP widths only, or save with prunefx.save(model, plan, path)"
             ) from exc
     return cfg
+
+
+_OWNED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # id -> a config own_config made (no attribute
+# on the config itself: save_pretrained writes every attribute into config.json)
+
+
+def own_config(model: nn.Module) -> None:
+    """Give ``model`` (every submodule holding its config or one of its sub-configs) its own copy of the config.
+
+    ``from_config(cfg)`` keeps the caller's object: writing pruned widths into it would change every other model
+    built from it. Idempotent: a model whose config prunefx copied already keeps it."""
+    top = getattr(model, "config", None)
+    if top is None or _OWNED.get(id(top)) is top:
+        return
+    new = copy.deepcopy(top)
+    swap = {id(top): new}
+    for key, value in vars(top).items():
+        if hasattr(value, "to_dict") and hasattr(value, "model_type"):  # a sub-config (text_config, vision_config)
+            swap[id(value)] = getattr(new, key)
+    for cfg in swap.values():
+        _OWNED[id(cfg)] = cfg
+    for m in model.modules():
+        held = getattr(m, "config", None)
+        if id(held) in swap:
+            m.config = swap[id(held)]
 
 
 def head_widths(model: nn.Module) -> tuple[tuple[str, tuple[int, ...]], ...]:

@@ -2,9 +2,12 @@
 
     prunefx.save(model, plan, "pruned.pt")
     model = prunefx.load("pruned.pt", lambda: torchvision.models.resnet50())
+    prunefx.save(model, [depth.plan, width.plan], "both.pt")    # plans in the order they were applied
 
 Loading re-applies the plan to a fresh model from the factory (same analysis, same fingerprint), then
-loads the weights, so no pickled classes are needed and the file cannot run code on load.
+loads the weights, so no pickled classes are needed and the file cannot run code on load. A depth plan
+(:class:`~prunefx.plan.depth.DepthPlan`) is re-applied by finding its blocks in the fresh model's graph and
+bypassing them as its recorded calls say; several plans (depth, then width, or the other way) apply in order.
 """
 
 from __future__ import annotations
@@ -19,20 +22,52 @@ from torch import nn
 
 from prunefx._io import atomic_torch_save, load_torch_file
 from prunefx.analysis import analyze
+from prunefx.analysis.blocks import residual_blocks
 from prunefx.capture.inputs import positional, rebuilt
 from prunefx.errors import PrunefxError, UntrustedFileError
 from prunefx.plan import PruningPlan
+from prunefx.plan.depth import SCHEMA as DEPTH_SCHEMA
+from prunefx.plan.depth import DepthPlan
+from prunefx.transform.depth import BlockCall, remove_blocks
 from prunefx.transform.rewrite import apply_plan
 
 FORMAT = "prunefx.checkpoint/1"
+FORMAT_STEPS = "prunefx.checkpoint/2"  # several plans (depth and width), applied in order
+Plan = PruningPlan | DepthPlan
 
 
-def save(model: nn.Module, plan: PruningPlan, path: str | os.PathLike) -> Path:
-    """Write ``{"format", "plan", "state_dict"}`` atomically (temp file, then rename)."""
+def save(model: nn.Module, plan: Plan | Sequence[Plan], path: str | os.PathLike) -> Path:
+    """Write ``{"format", "plan", "state_dict"}`` atomically (temp file, then rename); several plans, or a depth
+    plan, as ``{"format": .../2, "plans": [...], "state_dict"}``."""
     path = Path(path)
-    payload = {"format": FORMAT, "plan": plan.to_dict(), "state_dict": model.state_dict()}
+    plans = [plan] if isinstance(plan, (PruningPlan, DepthPlan)) else list(plan)
+    if not plans or not all(isinstance(p, (PruningPlan, DepthPlan)) for p in plans):
+        raise PrunefxError("prunefx.save takes the PruningPlan or DepthPlan a prune returned (result.plan), or a "
+                           "list of them in the order they were applied")
+    if len(plans) == 1 and isinstance(plans[0], PruningPlan):
+        payload = {"format": FORMAT, "plan": plans[0].to_dict(), "state_dict": model.state_dict()}
+    else:
+        payload = {"format": FORMAT_STEPS, "plans": [p.to_dict() for p in plans], "state_dict": model.state_dict()}
     atomic_torch_save(payload, path)
     return path
+
+
+def _plans(payload: dict) -> list[Plan]:
+    if payload.get("format") == FORMAT:
+        return [PruningPlan.from_dict(payload["plan"])]
+    return [DepthPlan.from_dict(d) if d.get("schema") == DEPTH_SCHEMA else PruningPlan.from_dict(d)
+            for d in payload["plans"]]
+
+
+def _reapply_depth(model: nn.Module, plan: DepthPlan, inputs: tuple) -> None:
+    """Bypass ``plan``'s blocks in a fresh ``model``: found again in its graph, called as the plan recorded."""
+    search = residual_blocks(model, analyze(model, inputs).gm, plan.remove)
+    if search.refused:
+        path, why = search.refused[0]
+        raise PrunefxError(f"the depth plan removes {path}, which the fresh model does not have as a residual "
+                           f"block ({why}): give the factory of the model that was pruned")
+    calls = {p: BlockCall(*c) for p, c in plan.calls}
+    remove_blocks(model, search.blocks, calls)
 
 
 def load(
@@ -61,9 +96,10 @@ def load(
     except Exception as exc:  # an empty, truncated or foreign file
         detail = f": {exc}" if str(exc) else ""
         raise PrunefxError(f"{path} is not a readable prunefx checkpoint ({type(exc).__name__}{detail})") from exc
-    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        raise PrunefxError(f"{path} is not a prunefx checkpoint (expected format {FORMAT!r})")
-    plan = PruningPlan.from_dict(payload["plan"])
+    if not isinstance(payload, dict) or payload.get("format") not in (FORMAT, FORMAT_STEPS):
+        raise PrunefxError(f"{path} is not a prunefx checkpoint (expected format {FORMAT!r} or {FORMAT_STEPS!r})")
+    plans = _plans(payload)
+    plan = plans[0]
     model = base_model_factory()
     if example_inputs is not None:
         inputs = positional(model, example_inputs)
@@ -74,7 +110,12 @@ def load(
                                "prunefx.load(..., example_inputs=...) as they were given to prune")
     else:
         inputs = tuple(torch.zeros(s) for s in plan.input_shapes)
-    dg = analyze(model, inputs)
-    pruned = apply_plan(model, dg, plan, graph_rewrite=graph_rewrite or bool(plan.target.get("graph_rewrite")))
+    pruned = model
+    for step in plans:
+        if isinstance(step, DepthPlan):
+            _reapply_depth(pruned, step, inputs)
+            continue
+        rewrite = graph_rewrite or bool(step.target.get("graph_rewrite"))
+        pruned = apply_plan(pruned, analyze(pruned, inputs), step, graph_rewrite=rewrite)
     pruned.load_state_dict(payload["state_dict"])
     return pruned

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass, replace
 from typing import Any
 
 import torch
@@ -28,7 +28,7 @@ from prunefx import _plugins
 from prunefx.analysis import analyze
 from prunefx.analysis.blocks import BlockSearch, ResidualBlock, residual_blocks
 from prunefx.analysis.outputs import default_free_outputs, output_leaves
-from prunefx.capture.inputs import positional
+from prunefx.capture.inputs import input_kinds, positional
 from prunefx.capture.record import Capture
 from prunefx.errors import PrunefxError, VerificationError
 from prunefx.plan.depth import DepthPlan, plan_depth
@@ -183,6 +183,8 @@ def prune_depth(
     total = sum(p.numel() for p in model.parameters())
     plan = plan_depth(scores, {b.path: b.params for b in search.blocks}, total, criterion, remove=remove,
                       keep_params=params)
+    plan = replace(plan, model=type(model).__name__, input_shapes=dg.input_shapes, input_kinds=input_kinds(inputs),
+                   calls=tuple((p, astuple(calls[p])) for p in plan.remove))
     chosen = [search.block(p) for p in plan.remove]
     undo = remove_blocks(model, chosen, calls, compact=compact)
     verified = None

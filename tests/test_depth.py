@@ -5,6 +5,7 @@ removed block's last layers in a copy)."""
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
@@ -164,3 +165,34 @@ def test_a_model_without_residual_blocks_says_so():
     m = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
     with pytest.raises(PrunefxError, match="no removable residual block"):
         prunefx.prune_depth(m, torch.randn(2, 4), remove=1)
+
+
+@pytest.mark.filterwarnings("ignore::prunefx.errors.TiedScoresWarning")  # random-init weights: l1 norms tie
+def test_depth_and_width_plans_save_and_load_in_order(tmp_path):
+    x = torch.randn(2, 3, 64, 64)
+    m = torchvision.models.resnet18().eval()
+    depth = prunefx.prune_depth(m, x, remove=2)
+    width = prunefx.prune(m, x, prunefx.PlanConfig(ratio=0.3), criterion="l1")
+    assert width.verified.ok
+    prunefx.save(m, [depth.plan, width.plan], tmp_path / "both.pt")
+    again = prunefx.load(tmp_path / "both.pt", torchvision.models.resnet18).eval()
+    x2 = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(again(x2), m(x2))
+    assert [b.removed for b in again.modules() if isinstance(b, Bypass)] == list(depth.plan.remove)
+    stale = replace(depth.plan, remove=("layer2.0",), calls=(("layer2.0", depth.plan.calls[0][1]),))
+    prunefx.save(m, [stale, width.plan], tmp_path / "stale.pt")
+    with pytest.raises(PrunefxError, match="layer2.0, which the fresh model does not have as a residual block"):
+        prunefx.load(tmp_path / "stale.pt", torchvision.models.resnet18)
+
+
+def test_a_depth_plan_alone_round_trips_as_plain_data(tmp_path):
+    m = _tiny()
+    x = torch.randn(2, 6, 4)
+    result = prunefx.prune_depth(m, x, remove=3)
+    assert type(result.plan).from_dict(result.plan.to_dict()) == result.plan
+    prunefx.save(m, result.plan, tmp_path / "d.pt")
+    again = prunefx.load(tmp_path / "d.pt", _tiny)
+    torch.testing.assert_close(again(x), m(x))
+    with pytest.raises(PrunefxError, match="takes the PruningPlan or DepthPlan"):
+        prunefx.save(m, "plan", tmp_path / "bad.pt")

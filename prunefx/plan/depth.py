@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 from prunefx.errors import PrunefxError
+
+SCHEMA = "prunefx.depth/1"
 
 
 @dataclass(frozen=True)
@@ -18,6 +21,32 @@ class DepthPlan:
     params_before: int
     params_after: int
     target: str  # what was asked, in words
+    model: str = ""  # the model's class name
+    input_shapes: tuple[tuple[int, ...], ...] = ()  # the example inputs' shapes and kinds, as a PruningPlan's
+    input_kinds: tuple[str, ...] = ()
+    # per removed block, how it is called: (forward parameter of the stream, its position, the stream's place in
+    # the output or None, the output's length, whether it is a list), so a reload rebuilds the same bypasses
+    calls: tuple[tuple[str, tuple[str, int, int | None, int, bool]], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (``torch.load(weights_only=True)`` reads it back), tagged with its schema."""
+        return {**asdict(self), "schema": SCHEMA}
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> DepthPlan:
+        """The plan :meth:`to_dict` wrote (a PrunefxError naming the schema otherwise)."""
+        schema = d.get("schema") if isinstance(d, Mapping) else None
+        if schema != SCHEMA:
+            raise PrunefxError(f"not a prunefx depth plan (schema {schema!r}); expected {SCHEMA!r}")
+        return DepthPlan(
+            remove=tuple(str(p) for p in d["remove"]), scores=tuple((str(p), float(s)) for p, s in d["scores"]),
+            criterion=str(d["criterion"]), params_before=int(d["params_before"]),
+            params_after=int(d["params_after"]), target=str(d["target"]), model=str(d.get("model", "")),
+            input_shapes=tuple(tuple(int(i) for i in s) for s in d.get("input_shapes", ())),
+            input_kinds=tuple(str(k) for k in d.get("input_kinds", ())),
+            calls=tuple((str(p), (str(c[0]), int(c[1]), None if c[2] is None else int(c[2]), int(c[3]), bool(c[4])))
+                        for p, c in d.get("calls", ())),
+        )
 
     def summary(self) -> str:
         """The plan as text: the target, what goes, and each block's score."""

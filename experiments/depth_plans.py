@@ -10,11 +10,12 @@ pruned == original with those layers' residual branches zeroed) from the same we
 
 - ``influence``: 1 - cosine of each layer's input and output, per token (ShortGPT's block influence);
 - ``output``: the relative logit error with that layer alone removed;
-- ``loss``: the calibration loss increase with that layer alone removed;
+- ``loss``: the calibration loss increase with that layer alone removed; ``loss, iterative``: one layer at a time,
+  each the cheapest on the model without the layers chosen before it;
 - ``last``: the last k layers before the final one (the "deepest layers" baseline), ``random``: k at random.
 
 Calibration: the first 4 training batches (64 windows); perplexity per byte on the 8 held-out batches, right after
-the cut. The ``loss`` plan (the best on calibration data, by construction) is then distilled from the teacher for
+the cut. The ``loss, iterative`` plan is then distilled from the teacher for
 10% of the teacher's training tokens (``prunefx.recover``, logits KD + task loss), against the same architecture
 trained from scratch on as many tokens (the control). Writes ``<out>/depth_plans.csv`` and ``.md``.
 """
@@ -39,6 +40,7 @@ def _plans(k: int, n: int, seed: int) -> dict[str, dict]:
     last = [f"model.layers.{i}" for i in range(n - 1 - k, n - 1)]
     rnd = sorted(random.Random(seed).sample(range(n), k))
     return {"influence": {}, "output": {"criterion": "output"}, "loss": {"criterion": "output", "loss": True},
+            "loss, iterative": {"criterion": "output", "loss": True, "iterative": True},
             "last": {"blocks": last}, "random": {"blocks": [f"model.layers.{i}" for i in rnd]}}
 
 
@@ -68,6 +70,8 @@ def run(seeds: list[int], layers: int, removed: list[int], steps: int, recover_s
                     kwargs.update(calibration=calib, loss_fn=lambda out, ids: lm.task_loss(out, (ids, ids)))
                 if "blocks" in how:
                     kwargs.update(blocks=how["blocks"])
+                if how.get("iterative"):
+                    kwargs.update(iterative=True)
                 t0 = time.perf_counter()
                 result = pfx_hf.prune_depth(model, calib[0][0][:2], remove=k, **kwargs)
                 seconds = time.perf_counter() - t0
@@ -78,7 +82,7 @@ def run(seeds: list[int], layers: int, removed: list[int], steps: int, recover_s
                              "ppl": round(lm.metric(model, val)["ppl"], 4), "params_kept": round(kept, 3),
                              "blocks": gone, "seconds": round(seconds, 2)})
                 print(rows[-1], flush=True)
-                if name != "loss":
+                if name != "loss, iterative":
                     continue
                 budget = max(1, round(recover_share * steps))
                 t0 = time.perf_counter()

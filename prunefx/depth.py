@@ -145,6 +145,32 @@ def score_blocks(model: nn.Module, blocks: Sequence[ResidualBlock], calls: dict[
         model.train(was)
 
 
+def _met(chosen: Sequence[str], own: dict[str, int], total: int, remove: int | None, params: float | None) -> bool:
+    if remove is not None:
+        return len(chosen) >= remove
+    return params is not None and total - sum(own[p] for p in chosen) <= params * total
+
+
+def _iterative(model: nn.Module, blocks: Sequence[ResidualBlock], calls: dict[str, BlockCall], batches: list[tuple],
+               criterion: str, loss_fn: Callable | None, met: Callable[[list[str]], bool]
+               ) -> tuple[dict[str, float], list[str]]:
+    """Blocks chosen one at a time, each the lowest-scored on the model without those chosen before it: each block's
+    score when it was chosen (the others': their last), and the order."""
+    chosen: list[str] = []
+    scores = {b.path: 0.0 for b in blocks}
+    while not met(chosen) and len(chosen) < len(blocks):
+        left = [b for b in blocks if b.path not in chosen]
+        undo = remove_blocks(model, [b for b in blocks if b.path in chosen], calls, compact=False)
+        try:
+            now = score_blocks(model, left, calls, batches, criterion, loss_fn)
+        finally:
+            undo()
+        scores.update(now)
+        chosen.append(min(now, key=lambda p: (now[p], [b.path for b in blocks].index(p))))
+    rest = sorted((p for p in scores if p not in chosen), key=lambda p: scores[p])
+    return scores, chosen + rest
+
+
 def prune_depth(
     model: nn.Module,
     example_inputs: Any,
@@ -159,13 +185,16 @@ def prune_depth(
     rtol: float = 1e-4,
     capture: Capture = "auto",
     compact: bool = True,
+    iterative: bool = False,
 ) -> DepthResult:
     """Remove residual blocks of ``model`` in place: ``remove`` of them, or the fewest that leave at most ``params``
     of the parameters, lowest ``criterion`` score first (scored on ``calibration``, default the example inputs).
 
     ``blocks``: module paths to consider (default: every child of a ModuleList / Sequential the graph proves
-    residual). With ``check`` the result must equal the original with the removed blocks' branches zeroed; if not,
-    the blocks are put back and :class:`~prunefx.errors.VerificationError` is raised.
+    residual). ``iterative``: remove one block at a time, re-scoring the rest on the model without the ones chosen
+    so far (blocks that only matter together are not removed together; cost: one scoring per removed block).
+    With ``check`` the result must equal the original with the removed blocks' branches zeroed; if not, the blocks
+    are put back and :class:`~prunefx.errors.VerificationError` is raised.
     """
     _plugins.activate()
     inputs = positional(model, example_inputs)
@@ -179,10 +208,16 @@ def prune_depth(
         raise PrunefxError(f"{type(model).__name__} has no removable residual block{reason}; name blocks with blocks=")
     calls = block_calls(model, dg.gm, search.blocks, inputs)
     batches = calibration_batches([inputs] if calibration is None else calibration, loss_fn, model)
-    scores = score_blocks(model, search.blocks, calls, batches, criterion, loss_fn)
     total = sum(p.numel() for p in model.parameters())
-    plan = plan_depth(scores, {b.path: b.params for b in search.blocks}, total, criterion, remove=remove,
-                      keep_params=params)
+    own = {b.path: b.params for b in search.blocks}
+    if iterative:
+        scores, order = _iterative(model, search.blocks, calls, batches, criterion, loss_fn,
+                                   lambda chosen: _met(chosen, own, total, remove, params))
+        plan = plan_depth(scores, own, total, f"{criterion}, iterative", remove=remove, keep_params=params,
+                          order=order)
+    else:
+        scores = score_blocks(model, search.blocks, calls, batches, criterion, loss_fn)
+        plan = plan_depth(scores, own, total, criterion, remove=remove, keep_params=params)
     plan = replace(plan, model=type(model).__name__, input_shapes=dg.input_shapes, input_kinds=input_kinds(inputs),
                    calls=tuple((p, astuple(calls[p])) for p in plan.remove))
     chosen = [search.block(p) for p in plan.remove]

@@ -196,3 +196,20 @@ def test_a_depth_plan_alone_round_trips_as_plain_data(tmp_path):
     torch.testing.assert_close(again(x), m(x))
     with pytest.raises(PrunefxError, match="takes the PruningPlan or DepthPlan"):
         prunefx.save(m, "plan", tmp_path / "bad.pt")
+
+
+def test_iterative_scoring_chooses_each_block_on_the_model_without_the_earlier_ones():
+    m = _tiny()
+    x, t = torch.randn(4, 6, 4), torch.randint(0, 3, (4, 6))
+
+    def loss(out, target):
+        return F.cross_entropy(out.reshape(-1, 3), target.reshape(-1))
+
+    result = prunefx.prune_depth(copy.deepcopy(m), x, remove=2, criterion="output", calibration=[(x, t)],
+                                 loss_fn=loss, iterative=True)
+    paths = [f"blocks.{i}" for i in range(5)]
+    solo = {p: loss(_zero_branches(m, [p])(x), t).item() for p in paths}
+    chosen_first = min(solo, key=solo.get)
+    pair = {p: loss(_zero_branches(m, [chosen_first, p])(x), t).item() for p in paths if p != chosen_first}
+    assert set(result.plan.remove) == {chosen_first, min(pair, key=pair.get)}
+    assert result.plan.criterion == "output, iterative" and result.verified.ok

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -62,12 +62,14 @@ class DepthPlan:
 
 
 def plan_depth(scores: Mapping[str, float], params: Mapping[str, int], total: int, criterion: str, *,
-               remove: int | None = None, keep_params: float | None = None) -> DepthPlan:
+               remove: int | None = None, keep_params: float | None = None,
+               order: Sequence[str] | None = None) -> DepthPlan:
     """Remove the ``remove`` lowest-scored blocks, or the fewest lowest-scored ones that leave at most
-    ``keep_params`` of the ``total`` parameters (``params``: each block's own). Exactly one target is given."""
+    ``keep_params`` of the ``total`` parameters (``params``: each block's own). Exactly one target is given.
+    ``order``: the order to remove them in instead of by score (iterative scoring decides it step by step)."""
     if (remove is None) == (keep_params is None):
         raise PrunefxError("give one depth target: remove=<number of blocks> or params=<fraction of parameters kept>")
-    order = sorted(scores, key=lambda p: (scores[p], list(scores).index(p)))
+    order = list(order) if order is not None else sorted(scores, key=lambda p: (scores[p], list(scores).index(p)))
     if remove is not None:
         if not 0 <= remove <= len(order):
             raise PrunefxError(f"remove={remove}, but the model has {len(order)} removable blocks: give 0 to "

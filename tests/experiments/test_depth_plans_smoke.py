@@ -18,7 +18,7 @@ def test_depth_plans_quick_measures_every_plan(tmp_path, monkeypatch):
     assert depth_plans.main(["--quick", "--out", str(tmp_path)]) == 0
     rows = list(csv.DictReader(open(tmp_path / "depth_plans_quick.csv")))
     cut = {r["plan"]: r for r in rows if r["stage"] == "cut"}
-    assert set(cut) == {"influence", "output", "loss", "last", "random"}
+    assert set(cut) == {"influence", "output", "loss", "loss, iterative", "last", "random"}
     assert all(r["params_kept"] == cut["loss"]["params_kept"] for r in cut.values())
     assert all(len(r["blocks"].split(",")) == 1 for r in cut.values())
     assert cut["last"]["blocks"] == "2"  # the last layer before the final one

@@ -11,10 +11,12 @@ imports nothing from transformers.
 from prunefx.integrations.transformers.api import ConfigStaleWarning, prune, stream_patterns, update_config
 from prunefx.integrations.transformers.checkpoint import CheckpointTensors, meta_model, prune_checkpoint
 from prunefx.integrations.transformers.depth import compact_layers, prune_depth
+from prunefx.integrations.transformers.experts import moe_layers, prune_experts
 from prunefx.integrations.transformers.pretrained import check_config, derived_config, save_pretrained
 
 __all__ = [
-    "prune", "prune_depth", "compact_layers", "stream_patterns", "update_config", "ConfigStaleWarning",
+    "prune", "prune_depth", "compact_layers", "prune_experts", "moe_layers",
+    "stream_patterns", "update_config", "ConfigStaleWarning",
     "derived_config", "check_config", "save_pretrained", "CheckpointTensors",
     "meta_model", "prune_checkpoint",
 ]

@@ -130,3 +130,14 @@ def test_a_dense_model_has_no_moe_layer():
     model = T.AutoModelForCausalLM.from_config(T.LlamaConfig(**BASE)).eval()
     with pytest.raises(PrunefxError, match="no MoE layer"):
         pfx_hf.prune_experts(model, _calibration(), keep=0.5)
+
+
+def test_given_scores_decide_which_experts_stay():
+    model = _model("olmoe")
+    layers = pfx_experts.moe_layers(model)
+    mine = {x.path: [float(i % 3) for i in range(8)] for x in layers}  # experts 2 and 5 score highest
+    result = pfx_hf.prune_experts(model, _calibration(), experts=2, scores=mine)
+    assert result.verified.ok and result.plan.criterion == "given"
+    assert all(kept == (2, 5) for _, kept in result.plan.keep)
+    with pytest.raises(PrunefxError, match="one score per expert"):
+        pfx_hf.prune_experts(_model("olmoe"), _calibration(), experts=2, scores={layers[0].path: [1.0]})

@@ -21,7 +21,7 @@ from __future__ import annotations
 import copy
 import inspect
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -261,17 +261,33 @@ def verify_experts(original: nn.Module, pruned: nn.Module, layers: Sequence[MoeL
 
 def prune_experts(model: nn.Module, calibration: Iterable[Any], *, keep: float | None = None,
                   experts: int | None = None, criterion: str = "reap", check: bool = True,
-                  rtol: float = 1e-4) -> ExpertResult:
+                  rtol: float = 1e-4, scores: Mapping[str, Sequence[float]] | None = None) -> ExpertResult:
     """Remove whole experts from every MoE layer of ``model`` in place, scored on ``calibration`` (batches of model
-    inputs: token ids, or a tokenizer's dict), to ``keep`` of them or ``experts`` per layer (see the module doc)."""
+    inputs: token ids, or a tokenizer's dict), to ``keep`` of them or ``experts`` per layer (see the module doc).
+    ``scores``: your own, per MoE layer path (:func:`moe_layers`) one score per expert (higher: kept first); the
+    calibration batches then only feed the check."""
+    if scores is not None:
+        return _prune(model, calibration, keep, experts, "given", check, rtol, scores)
     if criterion not in CRITERIA:
         raise PrunefxError(f"unknown expert criterion {criterion!r}: give one of {', '.join(CRITERIA)}")
+    return _prune(model, calibration, keep, experts, criterion, check, rtol, None)
+
+
+def _prune(model: nn.Module, calibration: Iterable[Any], keep: float | None, experts: int | None, criterion: str,
+           check: bool, rtol: float, given: Mapping[str, Sequence[float]] | None) -> ExpertResult:
     layers = moe_layers(model)
     if not layers:
         raise PrunefxError(f"{type(model).__name__} has no MoE layer prunefx knows (a router with a weight of shape "
                            "(experts, hidden) beside an experts module with num_experts and stacked weights)")
     batches = calibration_batches(calibration, None, model)
-    scores = _routing(model, layers, batches, criterion)
+    if given is None:
+        scores = _routing(model, layers, batches, criterion)
+    else:
+        missing = [x.path for x in layers if x.path not in given or len(given[x.path]) != x.num_experts]
+        if missing:
+            raise PrunefxError(f"scores= lacks one score per expert for {missing[0]}: give a sequence of "
+                               f"{layers[0].num_experts} scores for each MoE layer of moe_layers(model)")
+        scores = {x.path: torch.as_tensor(given[x.path], dtype=torch.float64) for x in layers}
     plan = plan_experts(layers, scores, criterion, keep=keep, experts=experts)
     original = copy.deepcopy(model) if check else None
     _slice(model, layers, plan)

@@ -33,7 +33,7 @@ from prunefx.capture.record import Capture
 from prunefx.errors import PrunefxError, VerificationError
 from prunefx.plan.depth import DepthPlan, plan_depth
 from prunefx.sensitivity import calibration_batches
-from prunefx.transform.depth import BlockCall, Bypass, block_calls, remove_blocks
+from prunefx.transform.depth import BlockCall, block_calls, remove_blocks
 from prunefx.verify import VerifyResult
 from prunefx.verify_depth import verify_depth
 
@@ -230,7 +230,3 @@ def prune_depth(
             raise VerificationError(f"depth pruning failed its check, the blocks are back: {verified.message}")
     return DepthResult(model, plan, search, verified)
 
-
-def removed_blocks(model: nn.Module) -> list[str]:
-    """The paths of the blocks removed from ``model`` that still hold a :class:`Bypass` (not compacted away)."""
-    return [m.removed for m in model.modules() if isinstance(m, Bypass)]

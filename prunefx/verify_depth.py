@@ -39,8 +39,7 @@ class _Zeroed(EvalInterpreter):
         return out
 
 
-def zeroed_outputs(original: nn.Module, gm: fx.GraphModule, blocks: Sequence[ResidualBlock], inputs: tuple
-                   ) -> tuple[Any, set[str]]:
+def zeroed_outputs(gm: fx.GraphModule, blocks: Sequence[ResidualBlock], inputs: tuple) -> tuple[Any, set[str]]:
     """The original's graph output with ``blocks``' branches zeroed, and the branch nodes that were reached."""
     zeroed = {n for b in blocks for n in b.branches}
     run = _Zeroed(gm, zeroed)
@@ -62,7 +61,7 @@ def verify_depth(original: nn.Module, dg: DependencyGraph, pruned: nn.Module, bl
     zeroed. Both run in evaluation mode, the pruned model captured the same way (an fx trace, or torch.export).
     A removed block whose branches the graph never reached, or an output with nothing to compare, fails it."""
     inputs = positional(original, example_inputs)
-    reference, hit = zeroed_outputs(original, dg.gm, blocks, inputs)
+    reference, hit = zeroed_outputs(dg.gm, blocks, inputs)
     problems = [f"{b.path}'s branches were not reached in the captured graph" for b in blocks
                 if not set(b.branches) <= hit]
     try:

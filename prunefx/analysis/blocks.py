@@ -112,7 +112,7 @@ class _Refused(Exception):
     pass
 
 
-def _module_type(model: nn.Module, path: str, target: str) -> str:
+def _module_type(model: nn.Module, target: str) -> str:
     try:
         return type(model.get_submodule(target)).__name__
     except AttributeError:
@@ -127,7 +127,7 @@ def _tail_op(model: nn.Module, path: str, n: fx.Node, stream: fx.Node) -> TailOp
         if not str(n.target).startswith(path + "."):
             raise _Refused(f"its stream passes through {n.target}, a module outside the block")
         target: object = str(n.target)[len(path) + 1:]
-        name = _module_type(model, path, str(n.target))
+        name = _module_type(model, str(n.target))
     elif n.op in ("call_function", "call_method"):
         target, name = n.target, _name(n)
     else:

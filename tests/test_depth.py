@@ -213,3 +213,20 @@ def test_iterative_scoring_chooses_each_block_on_the_model_without_the_earlier_o
     pair = {p: loss(_zero_branches(m, [chosen_first, p])(x), t).item() for p in paths if p != chosen_first}
     assert set(result.plan.remove) == {chosen_first, min(pair, key=pair.get)}
     assert result.plan.criterion == "output, iterative" and result.verified.ok
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,kwargs,count", [
+    ("mobilenet_v2", {}, 10), ("convnext_tiny", {}, 22), ("vit_b_16", {"image_size": 64}, 12), ("swin_t", {}, 16),
+    ("efficientnet_b0", {}, 9), ("regnet_y_400mf", {}, 12),
+])
+def test_torchvision_blocks_are_found_and_removed_exactly(name, kwargs, count):
+    torch.manual_seed(0)
+    m = getattr(torchvision.models, name)(**kwargs).eval()
+    x = torch.randn(1, 3, 64, 64)
+    before = sum(p.numel() for p in m.parameters())
+    result = prunefx.prune_depth(m, x, remove=2)
+    assert len(result.search.blocks) == count and result.verified.ok
+    assert sorted(b.removed for b in m.modules() if isinstance(b, Bypass)) == sorted(result.plan.remove)
+    gone = sum(result.search.block(p).params for p in result.plan.remove)
+    assert sum(p.numel() for p in m.parameters()) == before - gone == result.plan.params_after

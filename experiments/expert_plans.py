@@ -11,6 +11,7 @@ the removed experts' router logits at -inf) from the same weights:
 
 - ``reap``: routing weight x expert output norm, averaged over the tokens routed to the expert (REAP);
 - ``frequency``: the routing weight mass an expert receives;
+- ``contribution``: routing weight x expert output norm, summed over the tokens routed to the expert;
 - ``random``: experts kept at random (seeded), the control.
 
 Calibration: the first 4 training batches (64 windows of 128 bytes); perplexity per byte on the 8 held-out batches,
@@ -66,7 +67,7 @@ def run(seeds: list[int], keeps: list[float], steps: int) -> list[dict]:
                      "params_kept": 1.0, "seconds": 0.0})
         print(rows[-1], flush=True)
         for keep in keeps:
-            for plan in ("reap", "frequency", "random"):
+            for plan in ("reap", "frequency", "contribution", "random"):
                 model = copy.deepcopy(teacher)
                 kwargs: dict = {"criterion": plan}
                 if plan == "random":

@@ -50,6 +50,14 @@ EXPERIMENTS = {
         "experiments.llm_criteria", "importance criteria on a small trained LM, heads + MLP pruned, no fine-tuning",
         ("transformers",),
     ),
+    "depth_plans": Experiment(
+        "experiments.depth_plans", "decoder layers removed from a trained stdlib LM: 5 plans, distilled vs scratch",
+        ("transformers", "accelerate"),
+    ),
+    "expert_plans": Experiment(
+        "experiments.expert_plans", "experts removed from a trained stdlib MoE: REAP / frequency / contribution",
+        ("transformers",),
+    ),
     "hard_calibration": Experiment(
         "experiments.hard_calibration", "yolov8n vs yolov8s from scratch on the hard shapes set, mAP per epoch"
     ),

@@ -89,13 +89,14 @@ def _routed(model, cal):
     return seen
 
 
-def test_scores_are_routing_mass_and_reap_saliency():
+def test_scores_are_routing_mass_reap_saliency_and_contribution():
     model = _model("mixtral")
     cal = _calibration()
     layers = pfx_experts.moe_layers(model)
     batches = [((ids,), None) for ids in cal]
     freq = pfx_experts._routing(model, layers, batches, "frequency")
     reap = pfx_experts._routing(model, layers, batches, "reap")
+    contribution = pfx_experts._routing(model, layers, batches, "contribution")
     for x in layers:
         experts = model.get_submodule(x.experts)
         mass, sal, count = torch.zeros(8, dtype=torch.float64), torch.zeros(8, dtype=torch.float64), torch.zeros(8)
@@ -110,6 +111,7 @@ def test_scores_are_routing_mass_and_reap_saliency():
                     count[j] += 1
         torch.testing.assert_close(freq[x.path], mass, rtol=1e-5, atol=1e-9)
         torch.testing.assert_close(reap[x.path], sal / count.clamp(min=1), rtol=1e-4, atol=1e-9)
+        torch.testing.assert_close(contribution[x.path], sal, rtol=1e-4, atol=1e-9)
 
 
 @pytest.mark.parametrize("kwargs,match", [

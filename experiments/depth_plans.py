@@ -1,4 +1,4 @@
-"""Which layers to remove from a small trained language model, and how much distillation brings back?
+"""Which layers to remove from a small trained language model, against width at the same size, and what distils back?
 
     python -m experiments.depth_plans            # 8-layer stdlib LM, seeds 0 and 1, 2 and 4 of 8 layers removed
     python -m experiments.depth_plans --quick    # 4 layers, one seed, 60 training steps (smoke test)
@@ -15,9 +15,10 @@ pruned == original with those layers' residual branches zeroed) from the same we
 - ``last``: the last k layers before the final one (the "deepest layers" baseline), ``random``: k at random.
 
 Calibration: the first 4 training batches (64 windows); perplexity per byte on the 8 held-out batches, right after
-the cut. The ``loss, iterative`` plan is then distilled from the teacher for
-10% of the teacher's training tokens (``prunefx.recover``, logits KD + task loss), against the same architecture
-trained from scratch on as many tokens (the control). Writes ``<out>/depth_plans.csv`` and ``.md``.
+the cut. At the parameters the ``loss`` plan leaves, heads + MLP widths are cut instead (``pfx_hf.prune``, taylor
+scores normalised by their mean per group, re-fit on the calibration batches), and half the layers plus widths;
+the three are distilled from the teacher for 10% of the teacher's training tokens (``prunefx.recover``, logits KD
++ task loss), against the same depth trained from scratch on as many tokens (the control). Writes ``<out>/depth_plans.csv`` and ``.md``.
 """
 
 from __future__ import annotations
@@ -47,7 +48,6 @@ def _plans(k: int, n: int, seed: int) -> dict[str, dict]:
 def run(seeds: list[int], layers: int, removed: list[int], steps: int, recover_share: float) -> list[dict]:
     import torch
 
-    import prunefx
     from prunefx.examples import stdlib_lm as lm
     from prunefx.integrations import transformers as pfx_hf
 
@@ -62,6 +62,7 @@ def run(seeds: list[int], layers: int, removed: list[int], steps: int, recover_s
         rows.append({"seed": seed, "layers": layers, "removed": 0, "plan": "unpruned", "stage": "teacher",
                      "ppl": round(base, 4), "params_kept": 1.0, "blocks": "", "seconds": 0.0})
         print(rows[-1], flush=True)
+        budget = max(1, round(recover_share * steps))
         for k in removed:
             for name, how in _plans(k, layers, seed).items():
                 model = copy.deepcopy(teacher)
@@ -82,17 +83,12 @@ def run(seeds: list[int], layers: int, removed: list[int], steps: int, recover_s
                              "ppl": round(lm.metric(model, val)["ppl"], 4), "params_kept": round(kept, 3),
                              "blocks": gone, "seconds": round(seconds, 2)})
                 print(rows[-1], flush=True)
-                if name != "loss, iterative":
+                if name != "loss":
                     continue
-                budget = max(1, round(recover_share * steps))
-                t0 = time.perf_counter()
-                prunefx.recover(model, teacher, data["train"], inputs=lambda b: b[0], task_loss=lm.task_loss,
-                                config=prunefx.RecoverConfig(steps=budget, lr=1e-3, warmup=budget // 10, log_every=0),
-                                log=lambda s: None)
-                rows.append({**rows[-1], "stage": f"distilled {recover_share:.0%}",
-                             "ppl": round(lm.metric(model.eval(), val)["ppl"], 4),
-                             "seconds": round(time.perf_counter() - t0, 2)})
+                target = kept
+                rows.append(_distilled(model, teacher, data, val, rows[-1], budget, recover_share))
                 print(rows[-1], flush=True)
+                rows += _width_rows(teacher, data, calib, val, seed, layers, k, target, total, budget, recover_share)
                 t0 = time.perf_counter()
                 torch.manual_seed(seed)
                 scratch = lm.train_lm(lm.tiny_llama(layers - k), seed, budget)
@@ -105,12 +101,60 @@ def run(seeds: list[int], layers: int, removed: list[int], steps: int, recover_s
     return rows
 
 
+def _distilled(model, teacher, data, val, row: dict, budget: int, share: float) -> dict:
+    """``model`` distilled from ``teacher`` for ``budget`` steps (logits KD + task loss): its row."""
+    import prunefx
+    from prunefx.examples import stdlib_lm as lm
+
+    t0 = time.perf_counter()
+    prunefx.recover(model, teacher, data["train"], inputs=lambda b: b[0], task_loss=lm.task_loss,
+                    config=prunefx.RecoverConfig(steps=budget, lr=1e-3, warmup=budget // 10, log_every=0),
+                    log=lambda s: None)
+    return {**row, "stage": f"distilled {share:.0%}", "ppl": round(lm.metric(model.eval(), val)["ppl"], 4),
+            "seconds": round(time.perf_counter() - t0, 2)}
+
+
+def _width_rows(teacher, data, calib, val, seed: int, layers: int, k: int, target: float, total: int, budget: int,
+                share: float) -> list[dict]:
+    """Heads + MLP widths (taylor scores, re-fit) to the depth plan's parameters, alone and after removing k // 2
+    layers (loss plan), each right after the cut and distilled."""
+    import prunefx
+    from prunefx.examples import stdlib_lm as lm
+    from prunefx.integrations import transformers as pfx_hf
+
+    def loss(out, ids):
+        return lm.task_loss(out, (ids, ids))
+
+    out = []
+    for name, depth in (("width", 0), (f"width + {k // 2} layers", k // 2))[: 2 if k // 2 else 1]:
+        model = copy.deepcopy(teacher)
+        t0 = time.perf_counter()
+        gone = ""
+        if depth:
+            result = pfx_hf.prune_depth(model, calib[0][0][:2], remove=depth, criterion="output", calibration=calib,
+                                        loss_fn=loss)
+            assert result.verified.ok, result.verified.message
+            gone = ",".join(p.rsplit(".", 1)[1] for p in result.plan.remove)
+        left = sum(p.numel() for p in model.parameters()) / total
+        plan = prunefx.PlanConfig(params=min(1.0, target / left), normalize="mean")
+        result = pfx_hf.prune(model, calib[0][0][:2], plan, criterion="taylor", calibration=calib, loss_fn=loss,
+                              refit=True)
+        assert result.verified.ok, result.verified.message
+        row = {"seed": seed, "layers": layers, "removed": k, "plan": name, "stage": "cut",
+               "ppl": round(lm.metric(model, val)["ppl"], 4),
+               "params_kept": round(sum(p.numel() for p in model.parameters()) / total, 3), "blocks": gone,
+               "seconds": round(time.perf_counter() - t0, 2)}
+        out += [row, _distilled(model, teacher, data, val, row, budget, share)]
+        print(*out[-2:], sep="\n", flush=True)
+    return out
+
+
 def _markdown(rows: list[dict], argv: list[str]) -> str:
     from prunefx.examples.stdlib_lm import corpus_hash
 
     load = os.getloadavg()
     lines = [
-        "# Depth plans on a small trained language model", "",
+        "# Depth, width and both on a small trained language model", "",
         f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, 1 torch thread, load average {load[0]:.1f}. Command: "
         f"`python -m experiments.depth_plans {' '.join(argv)}`. Corpus hash {corpus_hash()}. Perplexity per byte on "
         "the held-out bytes (lower is better); mean over seeds, range in brackets; the layers each seed removed.", "",

@@ -18,7 +18,8 @@ Calibration: the first 4 training batches (64 windows); perplexity per byte on t
 the cut. At the parameters the ``loss`` plan leaves, heads + MLP widths are cut instead (``pfx_hf.prune``, taylor
 scores normalised by their mean per group, re-fit on the calibration batches), and half the layers plus widths;
 the three are distilled from the teacher for 10% of the teacher's training tokens (``prunefx.recover``, logits KD
-+ task loss), against the same depth trained from scratch on as many tokens (the control). Writes ``<out>/depth_plans.csv`` and ``.md``.
++ task loss), against the same depth trained from scratch on as many tokens (the control). Writes
+``<out>/depth_plans.csv`` and ``.md``.
 """
 
 from __future__ import annotations

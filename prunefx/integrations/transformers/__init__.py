@@ -13,9 +13,10 @@ from prunefx.integrations.transformers.checkpoint import CheckpointTensors, meta
 from prunefx.integrations.transformers.depth import compact_layers, prune_depth
 from prunefx.integrations.transformers.experts import moe_layers, prune_experts
 from prunefx.integrations.transformers.pretrained import check_config, derived_config, save_pretrained
+from prunefx.integrations.transformers.search import Candidate, SearchResult, search
 
 __all__ = [
-    "prune", "prune_depth", "compact_layers", "prune_experts", "moe_layers",
+    "prune", "prune_depth", "compact_layers", "prune_experts", "moe_layers", "search", "SearchResult", "Candidate",
     "stream_patterns", "update_config", "ConfigStaleWarning",
     "derived_config", "check_config", "save_pretrained", "CheckpointTensors",
     "meta_model", "prune_checkpoint",

@@ -1,0 +1,68 @@
+"""The searched architecture: depth and width mixed to one parameter budget, ranked by the user's score."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from prunefx.errors import PrunefxError
+from prunefx.integrations import transformers as pfx_hf
+
+T = transformers
+V = 64
+
+
+def _model():
+    torch.manual_seed(0)
+    cfg = T.LlamaConfig(vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+                        num_attention_heads=8, num_key_value_heads=4)
+    return T.AutoModelForCausalLM.from_config(cfg).eval()
+
+
+def _ids(seed: int = 0):
+    return torch.randint(0, V, (2, 16), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_the_best_candidate_by_a_hand_made_score_is_returned_and_every_one_meets_the_budget(tmp_path):
+    model = _model()
+    state = copy.deepcopy(model.state_dict())
+    result = pfx_hf.search(model, _ids(), params=0.6, score=lambda m: m.config.num_hidden_layers)
+    assert len(result.candidates) >= 2
+    assert all(abs(c.params_kept - 0.6) <= 0.02 * 0.6 for c in result.candidates)
+    assert result.best.layers_removed == max(c.layers_removed for c in result.candidates)
+    assert result.model.config.num_hidden_layers == 6 - result.best.layers_removed
+    n = sum(p.numel() for p in result.model.parameters()) / sum(p.numel() for p in model.parameters())
+    assert n == pytest.approx(result.best.params_kept, abs=1e-4)
+    # the model given is left as it was
+    assert model.config.num_hidden_layers == 6 and all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+    result.model.save_pretrained(tmp_path)
+    back = T.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(back(_ids(1)).logits, result.model(_ids(1)).logits)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_the_default_score_is_the_logit_error_and_the_lowest_wins():
+    model = _model()
+    cal = [_ids(2), _ids(3)]
+    result = pfx_hf.search(model, _ids(), params=0.6, calibration=cal)
+    assert result.best.score == min(c.score for c in result.candidates)
+    with torch.no_grad():
+        num = sum(float((result.model(x).logits - model(x).logits).double().pow(2).sum()) for x in cal)
+        den = sum(float(model(x).logits.double().pow(2).sum()) for x in cal)
+    assert result.best.score == pytest.approx((num / den) ** 0.5, rel=1e-6)
+
+
+def test_a_budget_no_candidate_meets_is_one_clear_error():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(PrunefxError, match="no candidate keeps 60.0% of the parameters within 0%"):
+            pfx_hf.search(_model(), _ids(), params=0.6, tolerance=0.0, depths=[0])
+    with pytest.raises(PrunefxError, match="no fraction of the parameters"):
+        pfx_hf.search(_model(), _ids(), params=1.5)

@@ -66,3 +66,14 @@ def test_a_budget_no_candidate_meets_is_one_clear_error():
             pfx_hf.search(_model(), _ids(), params=0.6, tolerance=0.0, depths=[0])
     with pytest.raises(PrunefxError, match="no fraction of the parameters"):
         pfx_hf.search(_model(), _ids(), params=1.5)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_budget_without_embeddings_counts_the_decoder_only():
+    model = _model()
+    tables = sum(p.numel() for m in (model.get_input_embeddings(), model.get_output_embeddings())
+                 for p in m.parameters())
+    result = pfx_hf.search(model, _ids(), params=0.6, embeddings=False, score=lambda m: m.config.num_hidden_layers)
+    body = sum(p.numel() for p in model.parameters()) - tables
+    kept = (sum(p.numel() for p in result.model.parameters()) - tables) / body
+    assert kept == pytest.approx(result.best.params_kept, abs=1e-4) and abs(kept - 0.6) <= 0.012

@@ -62,8 +62,14 @@ class SearchResult:
         return "\n".join(lines)
 
 
-def _count(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
+def _count(model: nn.Module, embeddings: bool = True) -> int:
+    """Parameters of ``model``; without ``embeddings``, less the input embedding and the output head."""
+    n = sum(p.numel() for p in model.parameters())
+    if embeddings:
+        return n
+    tables = {id(p): p for m in (model.get_input_embeddings(), model.get_output_embeddings()) if m is not None
+              for p in m.parameters()}
+    return n - sum(p.numel() for p in tables.values())
 
 
 def _logit_error(reference: list[Any]) -> Callable[[nn.Module, list[tuple]], float]:
@@ -92,12 +98,14 @@ def search(
     depths: Sequence[int] | None = None,
     criterion: str = "l2",
     tolerance: float = 0.02,
+    embeddings: bool = True,
     **prune_kwargs: Any,
 ) -> SearchResult:
     """Mix depth and width to keep ``params`` of the parameters; return the candidate ``score`` ranks best.
 
-    ``criterion`` and ``prune_kwargs`` (``refit=True``, ``normalize=``...) go to the width cut, ``calibration`` and
-    ``loss_fn`` to both cuts. See the module doc."""
+    ``embeddings=False``: the budget counts the parameters without the input embedding and the output head (which
+    neither cut touches). ``criterion`` and ``prune_kwargs`` (``refit=True``, ``normalize=``...) go to the width
+    cut, ``calibration`` and ``loss_fn`` to both cuts. See the module doc."""
     if not 0 < params < 1:
         raise PrunefxError(f"params={params} is no fraction of the parameters to keep: give a value in (0, 1)")
     batches = calibration_batches([example_inputs] if calibration is None else calibration, loss_fn, model)
@@ -110,7 +118,7 @@ def search(
         def score(m: nn.Module) -> float:
             return error(m, batches)
 
-    total = _count(model)
+    total, fixed = _count(model, embeddings), _count(model) - _count(model, embeddings)
     cal = [b if t is None else (b, t) for b, t in batches]
     depth_kwargs = ({"criterion": "output", "loss_fn": loss_fn} if loss_fn is not None else {})
     width_kwargs = {"calibration": cal, **({"loss_fn": loss_fn} if loss_fn is not None else {}), **prune_kwargs}
@@ -129,15 +137,15 @@ def search(
             except PrunefxError as exc:  # more layers than the model can lose
                 skipped.append((d, str(exc).split("\n")[0]))
                 continue
-        left = _count(candidate) / total
+        left = _count(candidate, embeddings) / total
         if left < params * (1 - tolerance):
             skipped.append((d, f"removing {d} layers alone keeps {left:.3f}, under the budget"))
             break  # more layers only more so
         width = None
-        if left > params * (1 + tolerance):
-            width = params / left
+        if left > params * (1 + tolerance):  # PlanConfig(params=) counts every parameter of the model it cuts
+            width = (params * total + fixed) / (left * total + fixed)
             prune(candidate, example_inputs, PlanConfig(params=width), criterion=criterion, **width_kwargs)
-        kept = _count(candidate) / total
+        kept = _count(candidate, embeddings) / total
         if abs(kept - params) > tolerance * params:  # allowed head counts and uniform layers move in steps
             skipped.append((d, f"the width cut kept {kept:.3f} of the parameters, not {params:.3f} +- {tolerance:.0%}"))
             continue

@@ -51,6 +51,14 @@ def write_csv(
     return path
 
 
+def write_result(out: Path, stem: str, rows: Iterable[Mapping[str, Any]], fields: Sequence[str], markdown: str
+                 ) -> None:
+    """An experiment's ``<out>/<stem>.csv`` and ``<stem>.md`` (the markdown also printed)."""
+    write_csv(rows, out / f"{stem}.csv", fields)
+    (out / f"{stem}.md").write_text(markdown)
+    print(markdown)
+
+
 def read_csv(path: Path) -> list[dict[str, Any]]:
     """Rows of a CSV :func:`write_csv` wrote, numbers parsed back (empty cells as None)."""
     with path.open(newline="") as f:

@@ -26,14 +26,14 @@ from __future__ import annotations
 
 import argparse
 import copy
-import csv
 import os
-import platform
 import random
 import statistics
 import sys
 import time
 from pathlib import Path
+
+from experiments._table import cpu_name, write_result
 
 FIELDS = ["seed", "layers", "removed", "plan", "stage", "ppl", "params_kept", "blocks", "seconds"]
 
@@ -156,7 +156,7 @@ def _markdown(rows: list[dict], argv: list[str]) -> str:
     load = os.getloadavg()
     lines = [
         "# Depth, width and both on a small trained language model", "",
-        f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, 1 torch thread, load average {load[0]:.1f}. Command: "
+        f"Machine: {cpu_name()}, {os.cpu_count()} CPUs, 1 torch thread, load average {load[0]:.1f}. Command: "
         f"`python -m experiments.depth_plans {' '.join(argv)}`. Corpus hash {corpus_hash()}. Perplexity per byte on "
         "the held-out bytes (lower is better); mean over seeds, range in brackets; the layers each seed removed.", "",
         "| layers removed | plan | stage | ppl | params kept | layers (per seed) |", "|---|---|---|---|---|---|",
@@ -183,15 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = run([0], 4, [1], 60, 0.1)
     else:
         rows = run([int(s) for s in args.seeds.split(",")], 8, [2, 4], 600, 0.1)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     stem = "depth_plans_quick" if args.quick else "depth_plans"
-    with open(out / f"{stem}.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, FIELDS)
-        w.writeheader()
-        w.writerows(rows)
-    (out / f"{stem}.md").write_text(_markdown(rows, argv))
-    print(_markdown(rows, argv))
+    write_result(Path(args.out), stem, rows, FIELDS, _markdown(rows, argv))
     return 0
 
 

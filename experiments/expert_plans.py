@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import argparse
 import copy
-import csv
 import os
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
+
+from experiments._table import cpu_name, write_result
 
 FIELDS = ["seed", "keep", "plan", "ppl", "params_kept", "seconds"]
 VERSION = 1  # the cache key: bump when the model or the recipe changes
@@ -91,7 +91,7 @@ def _markdown(rows: list[dict], argv: list[str]) -> str:
     load = os.getloadavg()
     lines = [
         "# Expert plans on a small trained mixture-of-experts language model, right after the cut", "",
-        f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, 1 torch thread, load average {load[0]:.1f}. Command: "
+        f"Machine: {cpu_name()}, {os.cpu_count()} CPUs, 1 torch thread, load average {load[0]:.1f}. Command: "
         f"`python -m experiments.expert_plans {' '.join(argv)}`. Corpus hash {corpus_hash()}. Perplexity per byte on "
         "the held-out bytes (lower is better), no fine-tuning; mean over seeds, range in brackets.", "",
         "| experts kept | plan | ppl | params kept | seconds |", "|---|---|---|---|---|",
@@ -114,15 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="experiments/results")
     args = ap.parse_args(argv)
     rows = run([0], [0.5], 60) if args.quick else run([int(s) for s in args.seeds.split(",")], [0.5, 0.25], 600)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     stem = "expert_plans_quick" if args.quick else "expert_plans"
-    with open(out / f"{stem}.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, FIELDS)
-        w.writeheader()
-        w.writerows(rows)
-    (out / f"{stem}.md").write_text(_markdown(rows, argv))
-    print(_markdown(rows, argv))
+    write_result(Path(args.out), stem, rows, FIELDS, _markdown(rows, argv))
     return 0
 
 

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import argparse
 import copy
-import csv
 import os
-import platform
 import sys
 import time
 from pathlib import Path
+
+from experiments._table import cpu_name, write_result
 
 VOCAB, SEQ = 96, 32
 FIELDS = ["model", "seed", "ratio", "criterion", "loss", "loss_increase", "params_kept", "exact", "seconds"]
@@ -139,7 +139,7 @@ def _markdown(rows: list[dict], argv: list[str]) -> str:
     load = os.getloadavg()
     lines = [
         "# Importance criteria on a small trained language model, right after pruning (no fine-tuning)", "",
-        f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, 1 thread, load average {load[0]:.1f}. "
+        f"Machine: {cpu_name()}, {os.cpu_count()} CPUs, 1 thread, load average {load[0]:.1f}. "
         f"Command: `python -m experiments.llm_criteria {' '.join(argv)}`. Held-out next-token loss (nats) on the "
         "synthetic Markov language (floor 1.13); mean over seeds, range in brackets.", "",
         "| model | ratio | criterion | loss | loss increase | params kept |", "|---|---|---|---|---|---|",
@@ -167,15 +167,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = run(["llama"], [0], [0.3], 60)
     else:
         rows = run(["llama", "gpt2"], [int(s) for s in args.seeds.split(",")], [0.3, 0.5], args.steps)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     stem = "llm_criteria_quick" if args.quick else "llm_criteria"
-    with open(out / f"{stem}.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, FIELDS)
-        w.writeheader()
-        w.writerows(rows)
-    (out / f"{stem}.md").write_text(_markdown(rows, argv))
-    print(_markdown(rows, argv))
+    write_result(Path(args.out), stem, rows, FIELDS, _markdown(rows, argv))
     return 0
 
 

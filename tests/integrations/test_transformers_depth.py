@@ -101,3 +101,19 @@ def test_the_callers_config_object_is_not_changed():
     assert all(m.config is first.config for m in first.modules() if hasattr(m, "config"))
     with torch.no_grad():
         assert second(ids).logits.shape == (1, 8, V)
+
+
+def test_a_config_that_cannot_say_the_new_depth_warns_and_prunefx_save_round_trips(tmp_path):
+    torch.manual_seed(0)  # every second layer is sparse by its index: dropping layer 0 shifts the pattern
+    cfg = T.Qwen2MoeConfig(**BASE, moe_intermediate_size=16, num_experts=4, num_experts_per_tok=2,
+                           shared_expert_intermediate_size=32, decoder_sparse_step=2)
+    model = T.AutoModelForCausalLM.from_config(cfg).eval()
+    ids = torch.randint(0, V, (1, 8))
+    with pytest.warns(pfx_hf.ConfigStaleWarning, match="does not rebuild the depth-pruned model"):
+        result = pfx_hf.prune_depth(model, ids, remove=1, blocks=["model.layers.0"])
+    assert result.verified.ok and result.warnings and "prunefx.save" in result.warnings[0]
+    prunefx.save(model, result.plan, tmp_path / "shallow.pt")
+    torch.manual_seed(1)  # another initialisation: the weights must come from the file
+    back = prunefx.load(tmp_path / "shallow.pt", lambda: T.AutoModelForCausalLM.from_config(cfg).eval())
+    with torch.no_grad():
+        torch.testing.assert_close(back(ids).logits, model(ids).logits)

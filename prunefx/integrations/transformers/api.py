@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import re
 import warnings
 from collections.abc import Sequence
@@ -75,6 +76,20 @@ def update_config(model: nn.Module) -> str | None:
         if getattr(old, key, None) != value and key in old.to_dict():
             setattr(old, key, value)
     return None
+
+
+def stale_config(model: nn.Module, what: str, fix: str) -> str | None:
+    """Why ``model.config`` would not rebuild ``model`` (pruned by ``what``), warned as ConfigStaleWarning with
+    ``fix``; None when it does (or the model has no HF config)."""
+    if not hasattr(getattr(model, "config", None), "model_type"):
+        return None
+    bad = check_config(model, copy.deepcopy(model.config))
+    if not bad:
+        return None
+    message = (f"model.config does not rebuild the {what} model ({bad[0]}); model.save_pretrained would write a "
+               f"checkpoint that does not load: {fix}")
+    warnings.warn(message, ConfigStaleWarning, stacklevel=4)
+    return message
 
 
 class ConfigStaleWarning(UserWarning):

@@ -5,13 +5,11 @@ nearest owner with a config counts it (``num_hidden_layers == len(list)``): it d
 every ``layer_idx`` (the KV cache's index), sets ``num_hidden_layers``, drops the removed places from every
 per-layer list of that config (``layer_types``) and renumbers its lists of layer indices (``mlp_only_layers``).
 The model then stays an ordinary HF model: ``model.save_pretrained`` and ``from_pretrained`` rebuild it (checked
-by :func:`check_layers`).
+by rebuilding it from the config on the meta device).
 """
 
 from __future__ import annotations
 
-import copy
-import warnings
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -20,8 +18,8 @@ from torch import nn
 
 from prunefx.depth import DepthResult
 from prunefx.depth import prune_depth as _prune_depth
-from prunefx.integrations.transformers.api import ConfigStaleWarning
-from prunefx.integrations.transformers.pretrained import check_config, own_config
+from prunefx.integrations.transformers.api import stale_config
+from prunefx.integrations.transformers.pretrained import own_config
 from prunefx.transform.depth import Undo
 
 LAYERS = "num_hidden_layers"
@@ -79,22 +77,10 @@ def compact_layers(model: nn.Module, container: str, positions: Sequence[int]) -
     return undo
 
 
-def check_layers(model: nn.Module) -> str | None:
-    """Why ``model.config`` would not rebuild the depth-pruned model (a warning is raised too), or None."""
-    if not hasattr(getattr(model, "config", None), "model_type"):
-        return None
-    bad = check_config(model, copy.deepcopy(model.config))
-    if not bad:
-        return None
-    message = (f"model.config does not rebuild the pruned model ({bad[0]}); model.save_pretrained would write a "
-               "checkpoint that does not load: save with prunefx.save, or remove other layers")
-    warnings.warn(message, ConfigStaleWarning, stacklevel=3)
-    return message
-
-
 def prune_depth(model: nn.Module, example_inputs: Any, **kwargs: Any) -> DepthResult:
     """:func:`prunefx.prune_depth` for transformers: removed decoder layers leave the layer list and the config
     (``num_hidden_layers``, ``layer_types``, ``layer_idx`` renumbered), checked to rebuild the pruned model."""
     result = _prune_depth(model, example_inputs, **kwargs)
-    said = check_layers(result.model)
+    said = stale_config(result.model, "depth-pruned", "save with prunefx.save(model, result.plan, path), reloaded "
+                        "with prunefx.load")
     return replace(result, warnings=(*result.warnings, said)) if said else result

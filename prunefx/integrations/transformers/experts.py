@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import copy
 import inspect
-import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -38,8 +37,8 @@ from torch.overrides import TorchFunctionMode
 
 from prunefx.analysis.outputs import default_free_outputs
 from prunefx.errors import PrunefxError, VerificationError
-from prunefx.integrations.transformers.api import ConfigStaleWarning
-from prunefx.integrations.transformers.pretrained import check_config, own_config
+from prunefx.integrations.transformers.api import stale_config
+from prunefx.integrations.transformers.pretrained import own_config
 from prunefx.sensitivity import calibration_batches
 from prunefx.verify import VerifyResult, _score, _worst
 
@@ -303,7 +302,8 @@ def _prune(model: nn.Module, calibration: Iterable[Any], keep: float | None, exp
         if not verified.ok:
             _restore(model, original, layers)
             raise VerificationError(f"expert pruning failed its check, the experts are back: {verified.message}")
-    said = _check_saves(model)
+    said = stale_config(model, "expert-pruned", "the model runs, but its config family cannot say the new expert "
+                        "count")
     return ExpertResult(model, plan, verified, (said,) if said else ())
 
 
@@ -316,15 +316,3 @@ def _restore(model: nn.Module, original: nn.Module, layers: Sequence[MoeLayer]) 
     for m in model.modules():
         if hasattr(m, "config") and hasattr(m.config, "model_type"):
             m.config = cfg
-
-
-def _check_saves(model: nn.Module) -> str | None:
-    bad = check_config(model, copy.deepcopy(model.config))
-    if not bad:
-        return None
-    message = (f"model.config does not rebuild the expert-pruned model ({bad[0]}); model.save_pretrained would "
-               "write a checkpoint that does not load: save with prunefx.save")
-    warnings.warn(message, ConfigStaleWarning, stacklevel=3)
-    return message
-
-

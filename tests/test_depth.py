@@ -53,6 +53,11 @@ def _tiny(seed: int = 0) -> Tiny:
     return Tiny().eval()
 
 
+def loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Per-token cross-entropy of the tiny model's 3 classes."""
+    return F.cross_entropy(out.reshape(-1, 3), target.reshape(-1))
+
+
 def _zero_branches(model: nn.Module, removed: list[str]) -> nn.Module:
     """A copy whose removed pre-norm blocks add zeros: their two output layers' weights and biases zeroed."""
     ref = copy.deepcopy(model)
@@ -102,10 +107,6 @@ def test_influence_is_one_minus_the_tokens_cosine():
 def test_output_criterion_with_a_loss_measures_each_block_removed_alone():
     m = _tiny()
     x, t = torch.randn(4, 6, 4), torch.randint(0, 3, (4, 6))
-
-    def loss(out, target):
-        return F.cross_entropy(out.reshape(-1, 3), target.reshape(-1))
-
     result = prunefx.prune_depth(copy.deepcopy(m), x, remove=1, criterion="output", calibration=[(x, t)],
                                  loss_fn=loss)
     base = loss(m(x), t).item()
@@ -201,10 +202,6 @@ def test_a_depth_plan_alone_round_trips_as_plain_data(tmp_path):
 def test_iterative_scoring_chooses_each_block_on_the_model_without_the_earlier_ones():
     m = _tiny()
     x, t = torch.randn(4, 6, 4), torch.randint(0, 3, (4, 6))
-
-    def loss(out, target):
-        return F.cross_entropy(out.reshape(-1, 3), target.reshape(-1))
-
     result = prunefx.prune_depth(copy.deepcopy(m), x, remove=2, criterion="output", calibration=[(x, t)],
                                  loss_fn=loss, iterative=True)
     paths = [f"blocks.{i}" for i in range(5)]

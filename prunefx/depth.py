@@ -206,7 +206,13 @@ def prune_depth(
     if not search.blocks:
         reason = f" ({search.refused[0][0]}: {search.refused[0][1]})" if search.refused else ""
         raise PrunefxError(f"{type(model).__name__} has no removable residual block{reason}; name blocks with blocks=")
-    calls = block_calls(model, dg.gm, search.blocks, inputs)
+    calls, failed = block_calls(model, dg.gm, search.blocks, inputs)
+    if failed:  # its call could not be read (what it returns besides the stream): it cannot be bypassed
+        search = BlockSearch(tuple(b for b in search.blocks if b.path not in failed),
+                             (*search.refused, *failed.items()))
+        if blocks is not None or not search.blocks:
+            path, why = next(iter(failed.items()))
+            raise PrunefxError(f"{path} cannot be removed: {why}")
     batches = calibration_batches([inputs] if calibration is None else calibration, loss_fn, model)
     total = sum(p.numel() for p in model.parameters())
     own = {b.path: b.params for b in search.blocks}

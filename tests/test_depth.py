@@ -95,7 +95,7 @@ def test_influence_is_one_minus_the_tokens_cosine():
     x = torch.randn(2, 6, 4)
     dg = analyze(m, x)
     blocks = residual_blocks(m, dg.gm).blocks
-    scores = score_blocks(m, blocks, block_calls(m, dg.gm, blocks, (x,)), [((x,), None)])
+    scores = score_blocks(m, blocks, block_calls(m, dg.gm, blocks, (x,))[0], [((x,), None)])
     h = m.embed(x)
     for i, block in enumerate(m.blocks):
         y = block(h)
@@ -227,3 +227,34 @@ def test_torchvision_blocks_are_found_and_removed_exactly(name, kwargs, count):
     assert sorted(b.removed for b in m.modules() if isinstance(b, Bypass)) == sorted(result.plan.remove)
     gone = sum(result.search.block(p).params for p in result.plan.remove)
     assert sum(p.numel() for p in m.parameters()) == before - gone == result.plan.params_after
+
+
+class _Shared(nn.Module):
+    """blocks.0 called twice (shared weights); blocks.1 once, taking its stream by keyword beside a None mask."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([PreNorm(), _Keyword()])
+        self.head = nn.Linear(16, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(2):
+            x = self.blocks[0](x)
+        return self.head(self.blocks[1](mask=None, hidden=x))
+
+
+class _Keyword(PreNorm):
+    def forward(self, hidden: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        return super().forward(hidden)
+
+
+def test_a_shared_block_is_refused_and_a_keyword_stream_is_bypassed():
+    torch.manual_seed(0)
+    m = _Shared().eval()
+    x = torch.randn(2, 5, 16)
+    result = prunefx.prune_depth(m, x, remove=1)
+    assert "called 2 times" in dict(result.search.refused)["blocks.0"]
+    assert result.plan.remove == ("blocks.1",) and result.verified.ok
+    torch.manual_seed(0)  # the same initialisation as m, its removed block's branches zeroed
+    ref = _zero_branches(_Shared().eval(), ["blocks.1"])
+    torch.testing.assert_close(m(x), ref(x))

@@ -206,7 +206,11 @@ def residual_blocks(model: nn.Module, gm: fx.GraphModule, paths: Iterable[str] |
     """The residual blocks among ``paths`` (default: :func:`candidate_paths`) in ``gm``, ``model``'s capture."""
     paths = list(candidate_paths(model) if paths is None else paths)
     members: dict[str, set[str]] = {p: set() for p in paths}
+    calls: dict[str, set[str]] = {p: set() for p in paths}  # the stack keys of each call (a second call: "@1")
     for n in gm.graph.nodes:
+        for key, value in (n.meta.get("nn_module_stack") or {}).items():
+            if isinstance(value, tuple) and value and str(value[0]) in calls:
+                calls[str(value[0])].add(str(key))
         for p in set(_paths(n)):
             if p in members and not (n.op == "call_module" and n.target == p):
                 members[p].add(n.name)
@@ -217,6 +221,9 @@ def residual_blocks(model: nn.Module, gm: fx.GraphModule, paths: Iterable[str] |
         try:
             if not members[p]:
                 raise _Refused("the captured graph holds no op of it (it is not called)")
+            if len(calls[p]) > 1:
+                raise _Refused(f"it is called {len(calls[p])} times (shared weights): removing it would remove every "
+                               "call")
             if members[p] <= {n.name for n in gm.graph.find_nodes(op="call_module", target=p)}:
                 raise _Refused("it is one call in the captured graph (a layer or a leaf), not a residual block")
             found.append(_block(model, gm, p, members[p]))

@@ -154,8 +154,9 @@ def _call_of(path: str, block: nn.Module, args: tuple, kwargs: dict, out: Any, x
 
 
 def block_calls(model: nn.Module, gm: fx.GraphModule, blocks: Sequence[ResidualBlock], inputs: tuple
-                ) -> dict[str, BlockCall]:
-    """How each of ``blocks`` is called, from one evaluation-mode run of ``model`` on ``inputs`` (see module doc)."""
+                ) -> tuple[dict[str, BlockCall], dict[str, str]]:
+    """How each of ``blocks`` is called, from one evaluation-mode run of ``model`` on ``inputs`` (see module doc),
+    and why for each block whose call could not be read (it cannot be bypassed)."""
     values = _stream_values(gm, {n for b in blocks for n in (b.stream, b.output)}, inputs)
     seen: dict[str, tuple] = {}
     hooks = []
@@ -172,14 +173,17 @@ def block_calls(model: nn.Module, gm: fx.GraphModule, blocks: Sequence[ResidualB
         model.train(was)
         for h in hooks:
             h.remove()
-    calls = {}
+    calls, failed = {}, {}
     for b in blocks:
-        if b.path not in seen:
-            raise PrunefxError(f"{b.path} was not called when the model ran its example inputs")
-        args, kwargs, out = seen[b.path]
-        calls[b.path] = _call_of(b.path, model.get_submodule(b.path), args, kwargs, out, values[b.stream],
-                                 values[b.output])
-    return calls
+        try:
+            if b.path not in seen:
+                raise PrunefxError(f"{b.path} was not called when the model ran its example inputs")
+            args, kwargs, out = seen[b.path]
+            calls[b.path] = _call_of(b.path, model.get_submodule(b.path), args, kwargs, out, values[b.stream],
+                                     values[b.output])
+        except PrunefxError as exc:
+            failed[b.path] = str(exc).removeprefix(f"{b.path}: ").removeprefix(f"{b.path} ")
+    return calls, failed
 
 
 def _split(path: str) -> tuple[str, str]:

@@ -190,9 +190,14 @@ def _block(model: nn.Module, gm: fx.GraphModule, path: str, inside: set[str]) ->
         elif len(args) == 1 and _leads_to_x(gm, args[0], inside, shape, seen) and _shape(cur)[0] == shape:
             tail.append(_tail_op(model, path, cur, args[0]))
             cur = args[0]
+        elif any(_leads_to_x(gm, a, inside, shape, seen) for a in args):
+            other = next(a for a in args if not _leads_to_x(gm, a, inside, shape, seen))
+            raise _Refused(f"its stream passes through {cur.name} ({_name(cur)}), which also reads {other.name} (a "
+                           "norm after the add, a gate): only ops on the stream alone can stay when it goes")
         else:
             raise _Refused(f"no add in it has its input on one side ({cur.name}: {_name(cur)} is no residual sum; a "
-                           "projection on the shortcut or a change of shape makes a block that cannot be removed)")
+                           "projection on the shortcut, a norm after the add (post-norm) or a change of shape makes "
+                           "a block that cannot be removed)")
     if not adds:
         raise _Refused("its output is no sum of its input and a branch")
     owned = {id(p) for p in model.get_submodule(path).parameters()}

@@ -14,7 +14,7 @@ transformers = pytest.importorskip("transformers")
 
 import prunefx
 import prunefx.depth
-from prunefx.errors import VerificationError
+from prunefx.errors import PrunefxError, VerificationError
 from prunefx.integrations import transformers as pfx_hf
 
 T = transformers
@@ -117,3 +117,17 @@ def test_a_config_that_cannot_say_the_new_depth_warns_and_prunefx_save_round_tri
     back = prunefx.load(tmp_path / "shallow.pt", lambda: T.AutoModelForCausalLM.from_config(cfg).eval())
     with torch.no_grad():
         torch.testing.assert_close(back(ids).logits, model(ids).logits)
+
+
+def test_sub_layers_are_bypassed_not_compacted_and_post_norm_layers_are_refused(tmp_path):
+    torch.manual_seed(0)  # T5: block.k.layer lists [self-attention, (cross-attention,) FF], 3 like the layer count
+    t5 = T.T5ForConditionalGeneration(T.T5Config(vocab_size=V, d_model=32, d_ff=64, num_layers=3, num_heads=4,
+                                                 d_kv=8)).eval()
+    inputs = (torch.randint(0, V, (2, 8)), None, torch.randint(0, V, (2, 4)))
+    result = pfx_hf.prune_depth(t5, inputs, remove=1, blocks=["decoder.block.2.layer.2"])
+    assert result.verified.ok and t5.config.num_layers == 3 and len(t5.decoder.block[2].layer) == 3
+    assert result.warnings and "prunefx.save" in result.warnings[0]  # the config builds an FF layer there
+    bert = T.BertModel(T.BertConfig(vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                    intermediate_size=64)).eval()
+    with pytest.raises(PrunefxError, match="post-norm"):
+        pfx_hf.prune_depth(bert, torch.randint(0, V, (2, 8)), remove=1)

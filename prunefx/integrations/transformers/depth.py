@@ -1,7 +1,7 @@
 """Depth pruning of Hugging Face models: removed decoder layers leave the layer list, and the config says so.
 
 The compactor (registered with :func:`prunefx.transform.depth.register_compactor`) takes a ``ModuleList`` whose
-nearest owner with a config counts it (``num_hidden_layers == len(list)``): it drops the removed layers, renumbers
+parent module has a config counting it (``num_hidden_layers == len(list)``): it drops the removed layers, renumbers
 every ``layer_idx`` (the KV cache's index), sets ``num_hidden_layers``, drops the removed places from every
 per-layer list of that config (``layer_types``) and renumbers its lists of layer indices (``mlp_only_layers``).
 The model then stays an ordinary HF model: ``model.save_pretrained`` and ``from_pretrained`` rebuild it (checked
@@ -26,14 +26,13 @@ LAYERS = "num_hidden_layers"
 
 
 def _owner_config(model: nn.Module, container: str, n: int):
-    """The config of the nearest module above ``container`` that has one counting ``n`` layers, else None."""
-    parts = container.split(".") if container else []
-    for k in range(len(parts), -1, -1):
-        owner = model.get_submodule(".".join(parts[:k]))
-        cfg = getattr(owner, "config", None)
-        if cfg is not None and getattr(cfg, LAYERS, None) == n:
-            return cfg
-    return None
+    """The config of the module holding ``container`` when it counts ``n`` layers, else None.
+
+    Only the list's own parent counts: a list of sub-layers inside a layer (T5's ``block.k.layer``) may have as
+    many entries as the model has layers, but its owner is no model with a config."""
+    parent = model.get_submodule(container.rpartition(".")[0])
+    cfg = getattr(parent, "config", None)
+    return cfg if cfg is not None and getattr(cfg, LAYERS, None) == n else None
 
 
 def compact_layers(model: nn.Module, container: str, positions: Sequence[int]) -> Undo | None:

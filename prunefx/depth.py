@@ -26,7 +26,7 @@ from torch import nn
 
 from prunefx import _plugins
 from prunefx.analysis import analyze
-from prunefx.analysis.blocks import BlockSearch, ResidualBlock, residual_blocks
+from prunefx.analysis.blocks import BlockSearch, ResidualBlock, candidate_paths, residual_blocks
 from prunefx.analysis.outputs import default_free_outputs, output_leaves
 from prunefx.capture.inputs import input_kinds, positional
 from prunefx.capture.record import Capture
@@ -186,6 +186,7 @@ def prune_depth(
     capture: Capture = "auto",
     compact: bool = True,
     iterative: bool = False,
+    under: str | None = None,
 ) -> DepthResult:
     """Remove residual blocks of ``model`` in place: ``remove`` of them, or the fewest that leave at most ``params``
     of the parameters, lowest ``criterion`` score first (scored on ``calibration``, default the example inputs).
@@ -193,13 +194,19 @@ def prune_depth(
     ``blocks``: module paths to consider (default: every child of a ModuleList / Sequential the graph proves
     residual). ``iterative``: remove one block at a time, re-scoring the rest on the model without the ones chosen
     so far (blocks that only matter together are not removed together; cost: one scoring per removed block).
+    ``under``: consider only the blocks inside that submodule (a VLM's language model).
     With ``check`` the result must equal the original with the removed blocks' branches zeroed; if not, the blocks
     are put back and :class:`~prunefx.errors.VerificationError` is raised.
     """
     _plugins.activate()
     inputs = positional(model, example_inputs)
     dg = analyze(model, inputs, capture=capture)
-    search = residual_blocks(model, dg.gm, blocks)
+    if under is not None and blocks is None:
+        model.get_submodule(under)  # an AttributeError naming the path when it is no submodule
+        blocks_in = [p for p in candidate_paths(model) if p.startswith(under + ".")]
+        search = residual_blocks(model, dg.gm, blocks_in)
+    else:
+        search = residual_blocks(model, dg.gm, blocks)
     if blocks is not None and search.refused:
         path, why = search.refused[0]
         raise PrunefxError(f"{path} cannot be removed: {why}")

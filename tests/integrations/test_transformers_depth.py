@@ -131,3 +131,38 @@ def test_sub_layers_are_bypassed_not_compacted_and_post_norm_layers_are_refused(
                                     intermediate_size=64)).eval()
     with pytest.raises(PrunefxError, match="post-norm"):
         pfx_hf.prune_depth(bert, torch.randint(0, V, (2, 8)), remove=1)
+
+
+def _llava():
+    torch.manual_seed(0)
+    vision = T.CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                image_size=32, patch_size=8)
+    text = T.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2)
+    model = T.LlavaForConditionalGeneration(T.LlavaConfig(vision_config=vision, text_config=text,
+                                                          image_token_index=100)).eval()
+    ids = torch.randint(0, 100, (1, 24))
+    ids[0, :16] = 100  # one image token per patch
+    return model, {"input_ids": ids, "pixel_values": torch.randn(1, 3, 32, 32)}
+
+
+def test_a_vlm_loses_language_layers_and_widths_only(tmp_path):
+    model, batch = _llava()
+    vision = {k: v.shape for k, v in model.state_dict().items() if not k.startswith("model.language_model")}
+    result = pfx_hf.prune_depth(model, batch, remove=1, language_model_only=True)
+    assert result.verified.ok and all(p.startswith("model.language_model.layers.") for p in result.plan.remove)
+    assert model.config.text_config.num_hidden_layers == 3 and model.config.vision_config.num_hidden_layers == 2
+    width = pfx_hf.prune(model, batch, prunefx.PlanConfig(ratio=0.5), language_model_only=True)
+    assert width.verified.ok and width.plan.pruned
+    assert {k: v.shape for k, v in model.state_dict().items() if not k.startswith("model.language_model")} == vision
+    model.save_pretrained(tmp_path)
+    back = T.LlavaForConditionalGeneration.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(back(**batch).logits, model(**batch).logits)
+
+
+def test_language_model_only_on_a_model_without_one_is_one_clear_error():
+    bert = T.BertModel(T.BertConfig(vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                    intermediate_size=64)).eval()
+    with pytest.raises(PrunefxError, match="has no separate language model"):
+        pfx_hf.prune(bert, torch.randint(0, V, (1, 8)), language_model_only=True)

@@ -15,7 +15,13 @@ from torch import nn
 from prunefx.api import PruneResult
 from prunefx.api import prune as _prune
 from prunefx.errors import PrunefxError
-from prunefx.integrations.transformers.pretrained import check_config, derived_config, head_widths, own_config
+from prunefx.integrations.transformers.pretrained import (
+    check_config,
+    derived_config,
+    head_widths,
+    language_model,
+    own_config,
+)
 from prunefx.plan import PlanConfig
 
 
@@ -34,15 +40,19 @@ def prune(
     *,
     hidden: bool = False,
     criterion: str = "l2",
+    language_model_only: bool = False,
     **kwargs: Any,
 ) -> PruneResult:
     """:func:`prunefx.prune` for transformers: attention heads (whole KV groups under GQA) and MLP widths at
     ``config``'s target, every layer as wide as its peers (``uniform_layers``: the config has one value per field),
     the residual stream untouched unless ``hidden=True``, weight-norm importance by default (``criterion="activation"``
-    with ``calibration=[input_ids, ...]`` or ``"taylor"`` with ``loss_fn`` use data)."""
+    with ``calibration=[input_ids, ...]`` or ``"taylor"`` with ``loss_fn`` use data). ``language_model_only``: a
+    VLM's vision tower and projector keep their shapes (only the language model is cut)."""
     config = config or PlanConfig(ratio=0.3)
     own_config(model)  # the widths are written into model.config: not into a config object other models share
     stream = () if hidden else stream_patterns(model)
+    if language_model_only:
+        stream = (*stream, *language_model(model)[1])
     # head counts the config can write (Llama: hidden_size % heads == 0), so the user's save_pretrained works
     config = replace(config, ignore=(*config.ignore, *stream), uniform_layers=True,
                      allowed_widths=(*config.allowed_widths, *head_widths(model)))

@@ -18,7 +18,7 @@ from torch import nn
 
 from prunefx.depth import DepthResult
 from prunefx.depth import prune_depth as _prune_depth
-from prunefx.integrations.transformers.api import stale_config
+from prunefx.integrations.transformers.api import language_model, stale_config
 from prunefx.integrations.transformers.pretrained import own_config
 from prunefx.transform.depth import Undo
 
@@ -76,9 +76,13 @@ def compact_layers(model: nn.Module, container: str, positions: Sequence[int]) -
     return undo
 
 
-def prune_depth(model: nn.Module, example_inputs: Any, **kwargs: Any) -> DepthResult:
+def prune_depth(model: nn.Module, example_inputs: Any, *, language_model_only: bool = False,
+                **kwargs: Any) -> DepthResult:
     """:func:`prunefx.prune_depth` for transformers: removed decoder layers leave the layer list and the config
-    (``num_hidden_layers``, ``layer_types``, ``layer_idx`` renumbered), checked to rebuild the pruned model."""
+    (``num_hidden_layers``, ``layer_types``, ``layer_idx`` renumbered), checked to rebuild the pruned model.
+    ``language_model_only``: only the layers of the language model (a VLM's vision tower keeps its depth)."""
+    if language_model_only:
+        kwargs["under"] = language_model(model)[0]
     result = _prune_depth(model, example_inputs, **kwargs)
     said = stale_config(result.model, "depth-pruned", "save with prunefx.save(model, result.plan, path), reloaded "
                         "with prunefx.load")

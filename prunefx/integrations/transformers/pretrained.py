@@ -66,10 +66,37 @@ def stream_width(model: nn.Module) -> int | None:
     return None
 
 
+def language_model(model: nn.Module) -> tuple[str, tuple[str, ...]]:
+    """The path of ``model``'s language model (``get_decoder()``) and ``ignore`` patterns for every module outside
+    it (a VLM's vision tower and projector, the output head). One error when it has no separate language model."""
+    get = getattr(model, "get_decoder", None)
+    try:
+        decoder = get() if callable(get) else None
+    except Exception:  # noqa: BLE001 - a model without the attribute get_decoder looks for
+        decoder = None
+    path = next((n for n, m in model.named_modules() if m is decoder), None)
+    if not path:
+        raise PrunefxError(f"{type(model).__name__} has no separate language model (get_decoder() gives "
+                           f"{type(decoder).__name__ if decoder is not None else 'none'}): prune it without "
+                           "language_model_only")
+    parts, outside = path.split("."), []
+    for k in range(len(parts)):
+        prefix = ".".join(parts[:k])
+        for name, _ in model.get_submodule(prefix).named_children():
+            full = f"{prefix}.{name}" if prefix else name
+            if full != ".".join(parts[: k + 1]):
+                outside += [full, f"{full}.*"]
+    return path, tuple(outside)
+
+
 def derived_config(model: nn.Module):
-    """A copy of ``model.config`` whose width fields are the pruned model's (one value each, else an error)."""
+    """A copy of ``model.config`` whose width fields are the pruned model's (one value each, else an error); for a
+    VLM whose own config has no width fields, its text config's, read from the language model's modules."""
     cfg = copy.deepcopy(model.config)
-    fields = FIELDS.get(cfg.model_type)
+    target, fields, scope = cfg, FIELDS.get(cfg.model_type), ""
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    if fields is None and text is not cfg and FIELDS.get(text.model_type):  # a VLM: the language model's widths
+        target, fields, scope = text, FIELDS[text.model_type], language_model(model)[0] + "."
     if fields is None:
         raise PrunefxError(
             f"prunefx knows no config fields for model_type {cfg.model_type!r}; save with prunefx.save(model, plan, "
@@ -77,6 +104,8 @@ def derived_config(model: nn.Module):
         )
     seen: dict[str, set[int]] = {}
     for name, m in model.named_modules():
+        if not name.startswith(scope):
+            continue
         layout = layout_of(m)
         if layout is not None:
             heads, kv, hd = attention_widths(m, layout)
@@ -99,7 +128,7 @@ def derived_config(model: nn.Module):
         )
     for k, v in seen.items():
         try:
-            setattr(cfg, k, next(iter(v)))
+            setattr(target, k, next(iter(v)))
         except Exception as exc:
             raise PrunefxError(
                 f"{type(cfg).__name__} rejects {k}={next(iter(v))}: {str(exc).strip().splitlines()[-1]}; choose a "
@@ -140,13 +169,16 @@ def head_widths(model: nn.Module) -> tuple[tuple[str, tuple[int, ...]], ...]:
     validation and, for a family that derives head_dim from hidden_size / heads, still gives the heads' width.
     """
     base = getattr(model, "config", None)
-    fields = FIELDS.get(getattr(base, "model_type", None))
+    fields, scope = FIELDS.get(getattr(base, "model_type", None)), ""
+    text = base.get_text_config() if hasattr(base, "get_text_config") else base
+    if fields is None and text is not base and FIELDS.get(text.model_type):  # a VLM: its language model's heads
+        base, fields, scope = text, FIELDS[text.model_type], language_model(model)[0] + "."
     if fields is None:
         return ()
     known: dict[tuple[int, int, int], tuple[int, ...]] = {}
     out = []
     for name, m in model.named_modules():
-        layout = layout_of(m)
+        layout = layout_of(m) if name.startswith(scope) else None
         if layout is None:
             continue
         heads, kv, hd = attention_widths(m, layout)

@@ -99,12 +99,14 @@ def search(
     criterion: str = "l2",
     tolerance: float = 0.02,
     embeddings: bool = True,
+    language_model_only: bool = False,
     **prune_kwargs: Any,
 ) -> SearchResult:
     """Mix depth and width to keep ``params`` of the parameters; return the candidate ``score`` ranks best.
 
     ``embeddings=False``: the budget counts the parameters without the input embedding and the output head (which
-    neither cut touches). ``criterion`` and ``prune_kwargs`` (``refit=True``, ``normalize=``...) go to the width
+    neither cut touches). ``language_model_only``: a VLM's vision tower and projector are left as they are.
+    ``criterion`` and ``prune_kwargs`` (``refit=True``, ``normalize=``...) go to the width
     cut, ``calibration`` and ``loss_fn`` to both cuts. See the module doc."""
     if not 0 < params < 1:
         raise PrunefxError(f"params={params} is no fraction of the parameters to keep: give a value in (0, 1)")
@@ -120,9 +122,12 @@ def search(
 
     total, fixed = _count(model, embeddings), _count(model) - _count(model, embeddings)
     cal = [b if t is None else (b, t) for b, t in batches]
-    depth_kwargs = ({"criterion": "output", "loss_fn": loss_fn} if loss_fn is not None else {})
-    width_kwargs = {"calibration": cal, **({"loss_fn": loss_fn} if loss_fn is not None else {}), **prune_kwargs}
-    layers = getattr(model.config, "num_hidden_layers", None)
+    scope = {"language_model_only": language_model_only}
+    depth_kwargs = {**scope, **({"criterion": "output", "loss_fn": loss_fn} if loss_fn is not None else {})}
+    width_kwargs = {**scope, "calibration": cal, **({"loss_fn": loss_fn} if loss_fn is not None else {}),
+                    **prune_kwargs}
+    text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    layers = getattr(text, "num_hidden_layers", None)
     if depths is None:
         if not isinstance(layers, int):
             raise PrunefxError(f"{type(model).__name__}'s config has no num_hidden_layers: give depths=[...]")

@@ -43,8 +43,14 @@ def _calibration():
 def test_removed_experts_equal_masked_routers_and_reload(name, tmp_path):
     model = _model(name)
     cal = _calibration()
+    stacked = sum(p.numel() for x in pfx_experts.moe_layers(model) for p in model.get_submodule(x.experts).parameters())
+    total = sum(p.numel() for p in model.parameters())
     result = pfx_hf.prune_experts(model, cal, keep=0.5)
     assert result.verified.ok and not result.warnings
+    # a token runs through top_k = 2 experts per layer: 2 of 8 of the stacked expert weights, then 2 of the 4 left
+    # (the router lost its removed experts' rows too: counted in the parameters after)
+    after = sum(p.numel() for p in model.parameters())
+    assert result.active_params == (total - stacked * 6 // 8, after - stacked // 4)
     assert getattr(model.config, CONFIGS[name][1]) == 4
     for layer in pfx_experts.moe_layers(model):
         assert layer.num_experts == 4

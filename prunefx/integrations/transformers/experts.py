@@ -89,6 +89,7 @@ class ExpertResult:
     plan: ExpertPlan
     verified: VerifyResult | None
     warnings: tuple[str, ...] = ()
+    active_params: tuple[int, int] = (0, 0)  # parameters one token runs through, before and after (active_params)
 
 
 def _no_cache(model: nn.Module) -> dict[str, bool]:
@@ -122,6 +123,16 @@ def moe_layers(model: nn.Module) -> list[MoeLayer]:
             prefix = f"{name}." if name else ""
             found.append(MoeLayer(name, prefix + routers[0], prefix + ename, n, int(top_k or 1)))
     return found
+
+
+def active_params(model: nn.Module) -> int:
+    """Parameters one token runs through: all of them, less, in every MoE layer, the experts it is not routed to
+    (``1 - top_k / E`` of the stacked expert weights)."""
+    total = sum(p.numel() for p in model.parameters())
+    for x in moe_layers(model):
+        stacked = sum(p.numel() for p in model.get_submodule(x.experts).parameters())
+        total -= round(stacked * (1 - x.top_k / x.num_experts))
+    return total
 
 
 def _routing(model: nn.Module, layers: Sequence[MoeLayer], batches: list[tuple], criterion: str
@@ -295,6 +306,7 @@ def _prune(model: nn.Module, calibration: Iterable[Any], keep: float | None, exp
         scores = {x.path: torch.as_tensor(given[x.path], dtype=torch.float64) for x in layers}
     plan = plan_experts(layers, scores, criterion, keep=keep, experts=experts)
     original = copy.deepcopy(model) if check else None
+    active_before = active_params(model)
     _slice(model, layers, plan)
     verified = None
     if check:
@@ -304,7 +316,7 @@ def _prune(model: nn.Module, calibration: Iterable[Any], keep: float | None, exp
             raise VerificationError(f"expert pruning failed its check, the experts are back: {verified.message}")
     said = stale_config(model, "expert-pruned", "the model runs, but its config family cannot say the new expert "
                         "count")
-    return ExpertResult(model, plan, verified, (said,) if said else ())
+    return ExpertResult(model, plan, verified, (said,) if said else (), (active_before, active_params(model)))
 
 
 def _restore(model: nn.Module, original: nn.Module, layers: Sequence[MoeLayer]) -> None:

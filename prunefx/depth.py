@@ -220,7 +220,8 @@ def prune_depth(
         if blocks is not None or not search.blocks:
             path, why = next(iter(failed.items()))
             raise PrunefxError(f"{path} cannot be removed: {why}")
-    batches = calibration_batches([inputs] if calibration is None else calibration, loss_fn, model)
+    # the example inputs as one batch: a list is positional inputs (a 2-tuple would read as (inputs, targets))
+    batches = calibration_batches([list(inputs)] if calibration is None else calibration, loss_fn, model)
     total = sum(p.numel() for p in model.parameters())
     own = {b.path: b.params for b in search.blocks}
     if iterative:

@@ -258,3 +258,24 @@ def test_a_shared_block_is_refused_and_a_keyword_stream_is_bypassed():
     torch.manual_seed(0)  # the same initialisation as m, its removed block's branches zeroed
     ref = _zero_branches(_Shared().eval(), ["blocks.1"])
     torch.testing.assert_close(m(x), ref(x))
+
+
+class _TwoInputs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.Sequential(PreNorm(), PreNorm(), PreNorm())
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        return self.blocks(x + bias)
+
+
+def test_two_example_inputs_are_one_batch_of_two_inputs_not_inputs_and_targets():
+    torch.manual_seed(0)
+    m = _TwoInputs().eval()
+    x, bias = torch.randn(2, 5, 16), torch.randn(2, 5, 16)
+    streams = []
+    hook = m.blocks[0].register_forward_pre_hook(lambda mod, args: streams.append(args[0].detach().clone()))
+    result = prunefx.prune_depth(m, (x, bias), remove=1)
+    hook.remove()
+    assert result.verified.ok
+    assert all(torch.equal(s, x + bias) for s in streams)  # every pass (calls, scores) fed both inputs

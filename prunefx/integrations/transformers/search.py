@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from prunefx.analysis.outputs import output_leaves
+from prunefx.capture.inputs import positional
 from prunefx.errors import PrunefxError
 from prunefx.integrations.transformers.api import prune
 from prunefx.integrations.transformers.depth import prune_depth
@@ -110,7 +111,8 @@ def search(
     cut, ``calibration`` and ``loss_fn`` to both cuts. See the module doc."""
     if not 0 < params < 1:
         raise PrunefxError(f"params={params} is no fraction of the parameters to keep: give a value in (0, 1)")
-    batches = calibration_batches([example_inputs] if calibration is None else calibration, loss_fn, model)
+    one = [list(positional(model, example_inputs))]  # a list: positional inputs, never read as (inputs, targets)
+    batches = calibration_batches(one if calibration is None else calibration, loss_fn, model)
     model.eval()
     if score is None:
         with torch.no_grad():
@@ -121,7 +123,7 @@ def search(
             return error(m, batches)
 
     total, fixed = _count(model, embeddings), _count(model) - _count(model, embeddings)
-    cal = [b if t is None else (b, t) for b, t in batches]
+    cal = [list(b) if t is None else (list(b), t) for b, t in batches]  # a list: positional inputs, never (x, y)
     scope = {"language_model_only": language_model_only}
     depth_kwargs = {**scope, **({"criterion": "output", "loss_fn": loss_fn} if loss_fn is not None else {})}
     width_kwargs = {**scope, "calibration": cal, **({"loss_fn": loss_fn} if loss_fn is not None else {}),

@@ -19,6 +19,7 @@ from prunefx.analysis.roles import Kind
 from prunefx.importance import Scores
 from prunefx.plan.config import PlanConfig, PlanError
 from prunefx.plan.cost import CostModel
+from prunefx.plan.fill import TOLERANCE, fill, units
 from prunefx.plan.latency import LatencyModel, latency_widths, lowest_width
 from prunefx.plan.plan import GroupPlan, PruningPlan
 from prunefx.plan.sensitivity import SensitivityCurves, allocate, candidate_widths
@@ -153,6 +154,19 @@ def _global_ranks(dg, scores: dict[int, np.ndarray], eligible: list[int]) -> dic
     return out
 
 
+def _lower(dg: DependencyGraph, cfg: PlanConfig, gid: int, n: int) -> int | None:
+    """The largest count below ``n`` that ``gid`` may keep (min_channels, max_ratio, round_to, allowed_widths)."""
+    c = dg.groups[gid].channels
+    lo = max(cfg.min_channels, int(math.ceil((1.0 - cfg.max_ratio) * c - 1e-9)), 1)
+    step = cfg.round_to if isinstance(cfg.round_to, int) and cfg.round_to > 1 else 1
+    m = (int(math.ceil(n / step)) - 1) * step
+    while m >= lo:
+        if allowed_width(dg, gid, cfg, m) == m:
+            return m
+        m -= step
+    return None
+
+
 def _keep(scores: np.ndarray, n: int) -> np.ndarray:
     order = np.argsort(-scores, kind="stable")[:n]
     mask = np.zeros(len(scores), dtype=bool)
@@ -244,6 +258,16 @@ def make_plan(
         knob = _bisect(measure_fn, masks_for, goal, kind == "ratio", _knobs(cfg.scope, scores, eligible))
     if not planned and cfg.scope != "sensitivity":
         masks = masks_for(knob)
+    filled: set[int] = set()
+    fillable = kind in ("flops", "params") and cfg.scope == "global" and not planned and cfg.round_to != "auto"
+    if fillable and abs(measure_fn(masks) - goal) > TOLERANCE * goal:
+        # coarse steps (KV-head groups, widths tied across layers) left the target unmet: from the last plan that
+        # keeps more than the target, cut the fine units on (plan.fill)
+        upper = _last_above(measure_fn, masks_for, goal, _knobs(cfg.scope, scores, eligible))
+        trial, cut = fill(masks_for(upper), scores, units(eligible, ties), lambda g, n: _lower(dg, cfg, g, n),
+                          lambda g, n: _keep(scores[g], n), measure_fn, goal)
+        if abs(measure_fn(trial) - goal) < abs(measure_fn(masks) - goal):
+            masks, knob, filled = trial, upper, cut
 
     groups = []
     ranked_sorted = (np.sort(np.concatenate([np.asarray(ranked[g], dtype=np.float64) for g in eligible]))
@@ -260,7 +284,10 @@ def make_plan(
             why = _global_why(np.asarray(ranked[gid], dtype=np.float64), scores[gid] <= knob, ranked_sorted, knob,
                               cfg.normalize)
             n_raw = int((scores[gid] > knob).sum())
-            if int(m.sum()) != n_raw:
+            if gid in filled:
+                why += (f"; cut to {int(m.sum())} after the threshold (which left {n_raw}) to meet the target, a "
+                        "coarser unit's next step going past it")
+            elif int(m.sum()) != n_raw:
                 why += (f"; kept {int(m.sum())} instead of {n_raw} "
                         "(min_channels / max_ratio / round_to / allowed_widths / a tie)")
         else:
@@ -379,6 +406,20 @@ def _knobs(scope: str, scores: Mapping[int, np.ndarray], eligible: list[int]) ->
         all_scores = np.sort(np.concatenate([scores[g] for g in eligible])) if eligible else np.zeros(1)
         return np.concatenate([[all_scores[0] - 1.0], all_scores])
     return np.linspace(0.0, 0.999, 2000)
+
+
+def _last_above(measure_fn, masks_for, goal: float, cands: np.ndarray) -> float:
+    """The largest knob among ``cands`` whose plan still keeps more than ``goal`` (kept fraction, monotone)."""
+    lo, hi = 0, len(cands) - 1
+    if measure_fn(masks_for(float(cands[0]))) <= goal:
+        return float(cands[0])
+    while lo < hi:  # invariant: cands[lo] keeps more than goal
+        mid = (lo + hi + 1) // 2
+        if measure_fn(masks_for(float(cands[mid]))) > goal:
+            lo = mid
+        else:
+            hi = mid - 1
+    return float(cands[lo])
 
 
 def _bisect(measure_fn, masks_for, goal: float, increasing: bool, cands: np.ndarray) -> float:

@@ -54,6 +54,7 @@ EXPERIMENTS = {
         "experiments.depth_plans", "decoder layers removed from a trained stdlib LM: 5 plans, distilled vs scratch",
         ("transformers", "accelerate"),
     ),
+    "llm_baselines": Experiment("experiments.llm_baselines", "LLM baselines (reimpl.) vs prunefx", ("transformers",)),
     "expert_plans": Experiment(
         "experiments.expert_plans", "experts removed from a trained stdlib MoE: REAP / frequency / contribution",
         ("transformers",),

@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 import os
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
@@ -87,6 +87,7 @@ def prune(
     calibration: Iterable[Any] | None = None,
     refit: bool = False,
     sensitivity_cache: str | os.PathLike[str] | None = "default",
+    on_cut: Callable[[nn.Module], None] | None = None,
     **score_kwargs: Any,
 ) -> PruneResult:
     """Prune ``model`` in place to ``config``'s target and (with ``check``) verify it against the masked original.
@@ -116,7 +117,8 @@ def prune(
     ``refit`` re-fits, after the cut, every layer that lost input channels by least squares to reproduce the
     original layer's output on ``calibration`` (:func:`prunefx.transform.refit`; it replaces bias compensation);
     the oracle checks the structure before it, ``PruneResult.refit`` gives each layer's error before and after.
-    Costs (layers re-fitted + 2) forward passes over the calibration batches.
+    Costs (layers re-fitted + 2) forward passes over the calibration batches. ``on_cut(model)`` is called with
+    the pruned model once the oracle passed and before the re-fit changes it (to measure the cut alone).
     ``PlanConfig(scope="sensitivity")`` measures each group's damage curve on ``calibration`` first
     (:mod:`prunefx.sensitivity`: the relative output error, or with ``loss_fn`` the loss increase; cached under
     ``sensitivity_cache``, None: not cached) and plans the least total damage; ``PruneResult.sensitivity``.
@@ -181,6 +183,8 @@ def prune(
     pruned = apply_plan(model, dg, plan, graph_rewrite=config.graph_rewrite)
     if check:
         trial.assert_same(pruned)  # the structure the oracle proved, before the re-fit changes values
+    if on_cut is not None:
+        on_cut(pruned)
     refitted = refit_layers(original, pruned, dg, plan, refit_inputs) if refit_inputs is not None else None
     return PruneResult(model=pruned, plan=plan, graph=dg, scores=scores, verified=verified, compensation=compensation,
                        refit=refitted, latency=outcome, frozen_by_check=dg.frozen_by_check, warnings=said,

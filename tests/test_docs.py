@@ -141,6 +141,8 @@ def _validate_config(path: str, overrides: list[str]) -> str:
     config = load_config(path, overrides)
     if config.get("task") == "custom":
         from prunefx.pipeline.backends.custom import CustomJob as Job
+    elif config.get("task") == "llm":
+        from prunefx.pipeline.backends.llm import LlmJob as Job
     elif is_classifier_spec(config.get("model")):
         from prunefx.pipeline.backends.classify import ClassifyJob as Job
     else:

@@ -36,13 +36,15 @@ ALLOWED: dict[str, set[str]] = {
     "data": set(),
     "train": {"analysis", "capture", "data"},
     "zoo": set(),
-    "examples": set(),  # example tasks for the custom pipeline (configs/sine.yaml): torch only
+    # example tasks for the custom pipeline (configs/sine.yaml): torch, and data's language-model windows
+    "examples": {"data"},
     "inputs": {"capture"},  # example inputs from text (--input shapes, tensor files) as capture's Inputs
     "family": {"checkpoint", "onnx_export", "plan"},  # how a model's library saves, exports and costs it
     "integrations": CORE | {"metrics", "train", "data", "report", "view", "integrations", "onnx_export", "family"},
     "spec": CORE | {"integrations", "metrics", "family", "inputs"},
     "pipeline": CORE
-    | {"metrics", "report", "view", "train", "data", "integrations", "spec", "zoo", "family", "__init__"},
+    # examples: the llm task's embedded default (the stdlib-trained Llama and its corpus)
+    | {"metrics", "report", "view", "train", "data", "integrations", "spec", "zoo", "family", "examples", "__init__"},
     "cli": CORE
     | {"metrics", "report", "view", "train", "data", "integrations", "spec", "zoo", "pipeline", "onnx_export", "family",
        "inputs", "__init__"},

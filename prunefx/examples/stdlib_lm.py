@@ -20,10 +20,10 @@ import sysconfig
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from prunefx._extras import require
+from prunefx.data.text import mean_loss, next_token_loss, windows
 from prunefx.examples._cache import cached
 
 VERSION = 1  # bump when the corpus list, the model or the recipe changes: the cache key
@@ -57,17 +57,8 @@ def _split(name: str) -> torch.Tensor:
 
 def make_data(n_train: int = 32, n_val: int = 8, batch: int = BATCH, seq: int = SEQ) -> dict[str, list[tuple]]:
     """Batches of (ids, ids) byte windows: training windows at seeded random offsets, validation ones contiguous."""
-    out = {}
-    g = torch.Generator().manual_seed(0)
-    for split, n in (("train", n_train), ("val", n_val)):
-        ids = _split(split)
-        if split == "train":
-            starts = torch.randint(0, len(ids) - seq, (n * batch,), generator=g)
-        else:
-            starts = torch.arange(n * batch) * ((len(ids) - seq) // (n * batch))
-        windows = torch.stack([ids[s:s + seq] for s in starts.tolist()])
-        out[split] = [(w, w) for w in windows.split(batch)]
-    return out
+    return {"train": windows(_split("train"), n_train, batch, seq, seed=0),
+            "val": windows(_split("val"), n_val, batch, seq, seed=None)}
 
 
 def tiny_llama(layers: int = 4) -> nn.Module:
@@ -111,19 +102,10 @@ def train_lm(model: nn.Module, seed: int, steps: int, key: str | None = None) ->
     return cached(model, key, train)
 
 
-def _logits(out) -> torch.Tensor:
-    return out.logits if hasattr(out, "logits") else out
-
-
-def task_loss(out, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """Next-byte cross-entropy (nats per byte)."""
-    logits, ids = _logits(out), batch[1].to(_logits(out).device)
-    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+task_loss = next_token_loss  # next-byte cross-entropy (nats per byte)
 
 
 def metric(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, float]:
     """Perplexity per byte on ``batches`` (lower is better) and the same as bits per byte."""
-    device = next(model.parameters()).device  # recovery may evaluate it on its accelerator
-    with torch.no_grad():
-        nats = sum(float(task_loss(model(x.to(device)), (x, y))) for x, y in batches) / len(batches)
+    nats = mean_loss(model, batches)
     return {"ppl": math.exp(nats), "bits_per_byte": nats / math.log(2)}

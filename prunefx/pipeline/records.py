@@ -118,6 +118,8 @@ class PruneDone:
     refit: Mapping[str, Any] | None = None  # prune.refit: prunefx.transform.Refit.to_dict() (errors before/after)
     # scope "sensitivity": the measured curves (prunefx.plan.sensitivity.SensitivityCurves.to_dict()) and their data
     sensitivity: Mapping[str, Any] | None = None
+    # prune.depth: the blocks removed before the width cut, their scores, the depth oracle, the width cut's target
+    depth: Mapping[str, Any] | None = None
     metrics: Row
 
 

@@ -45,13 +45,16 @@ _PIPELINES: dict[str, Pipeline] = {
     "torch/custom": Pipeline("prunefx.pipeline.backends.custom:run_custom_config", "accelerate", "the custom-task "
                              "pipeline (recovery by prunefx.recover)"),
     "ultralytics": Pipeline("prunefx.pipeline.backends.yolo:run_yolo_config", "ultralytics", "the YOLO pipeline"),
+    # "*/task": a task whose model is no factory of a family (a Hugging Face checkpoint directory)
+    "*/llm": Pipeline("prunefx.pipeline.backends.llm:run_llm_config", "transformers", "the language-model pipeline "
+                      "(task: llm)"),
 }
 
 
 def register_pipeline(family: str, target: str, *, needs: str | None = None, what: str = "",
                       task: str | None = None) -> None:
-    """Run configs whose model belongs to ``family`` (and whose ``task`` is ``task``, when given) with ``target``
-    (``"module:function"``, a :data:`PipelineRun`)."""
+    """Run configs whose model belongs to ``family`` (``"*"``: any model) and whose ``task`` is ``task``, when
+    given, with ``target`` (``"module:function"``, a :data:`PipelineRun`)."""
     _PIPELINES[family if task is None else f"{family}/{task}"] = Pipeline(target, needs, what)
 
 
@@ -59,10 +62,12 @@ def pipeline_for(family: str, task: str | None = None) -> PipelineRun:
     """The run function registered for ``family`` and ``task`` (else for ``family``); ConfigError names the
     families that have one."""
     try:
-        pipeline = _PIPELINES.get(f"{family}/{task}") or _PIPELINES[family]
+        pipeline = _PIPELINES.get(f"{family}/{task}") or _PIPELINES.get(f"*/{task}") or _PIPELINES[family]
     except KeyError:
-        raise ConfigError(f"no pipeline for models of the {family!r} family (pipelines: {', '.join(sorted(_PIPELINES))}"
-                          "); register one with prunefx.pipeline.registry.register_pipeline") from None
+        known = ", ".join(sorted(k for k in _PIPELINES if not k.startswith("*/")))
+        tasks = ", ".join(sorted(k[2:] for k in _PIPELINES if k.startswith("*/")))
+        raise ConfigError(f"no pipeline for models of the {family!r} family (pipelines: {known}; for any model, "
+                          f"task: {tasks}); register one with prunefx.pipeline.registry.register_pipeline") from None
     return pipeline.load()
 
 

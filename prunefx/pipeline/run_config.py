@@ -16,6 +16,7 @@ onto ``PlanConfig(flops=0.5)``; the stage keys beside each config's own)::
       finetune: {epochs: 10, distill: false}   # plus any training key, overriding the top level for fine-tuning
       controls: []                   # narrow, scratch: models trained from scratch beside the pruned one
       refit: false                   # least-squares re-fit after the cut on calibration batches of the data
+      depth: {remove: 0, criterion: influence}   # residual blocks (decoder layers) removed before the width cut
 
 >>> raw = load_config("configs/yolo.yaml", ["epochs=3", "prune.target.flops=0.4"])
 >>> spec = PruneSpec.parse(raw["prune"], train_keys=ultralytics_keys())
@@ -159,6 +160,27 @@ class FinetuneStage(StageSpec):
 CONTROLS = ("narrow", "scratch")
 
 
+DEPTH_CRITERIA = ("influence", "output")  # prunefx.prune_depth's scores: 1 - cosine in/out, output error alone
+
+
+@dataclass(frozen=True)
+class DepthSpec:
+    """``prune.depth``: residual blocks (decoder layers, ResNet blocks) removed before the width cut.
+
+    The target stays a fraction of the model given: the width cut is planned for what the removed blocks left."""
+
+    remove: int = 0  # blocks to remove (0: no depth cut)
+    criterion: str = "influence"  # DEPTH_CRITERIA: ShortGPT's block influence, or the output error with it removed
+    iterative: bool = False  # one block at a time, re-scored on the model without the earlier ones
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        if self.remove < 0:
+            raise ConfigError(f"prune.depth.remove must be >= 0 (blocks to remove), got {self.remove}")
+        if self.criterion not in DEPTH_CRITERIA:
+            check_keys([self.criterion], DEPTH_CRITERIA, "criterion", what="value")
+
+
 @dataclass(frozen=True)
 class PruneSpec:
     """The ``prune:`` block of a pipeline config, validated: what to prune to, and the stages around the cut."""
@@ -175,6 +197,7 @@ class PruneSpec:
     # the report's latency timing stops after the round that passes this many seconds (or after all its rounds)
     latency_max_s: float = 120.0
     steps: int = 1  # cuts that reach the target, re-scoring between them (prunefx.prune(steps=))
+    depth: DepthSpec = DepthSpec()  # blocks removed before the width cut (prunefx.prune_depth)
 
     def __post_init__(self) -> None:
         if self.criterion not in CRITERIA:
@@ -188,6 +211,12 @@ class PruneSpec:
             raise ConfigError(f"prune.latency_max_s must be a positive number of seconds, got {self.latency_max_s}")
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
             raise ConfigError(f"prune.steps must be >= 1 (the number of cuts that reach the target), got {self.steps}")
+        if self.depth.remove and self.controls:
+            raise ConfigError("prune.controls train the width plan's architecture from scratch, which a depth cut "
+                              "changes; remove prune.controls or prune.depth")
+        if self.depth.remove and self.plan.latency is not None:
+            raise ConfigError("prune.target.latency plans widths against measured latency, not after a depth "
+                              "cut; give a flops or params target with prune.depth")
 
     @classmethod
     def parse(cls, block: Any, *, train_keys: Iterable[str]) -> PruneSpec:
@@ -196,8 +225,8 @@ class PruneSpec:
         if not isinstance(block, Mapping):
             raise ConfigError(f"prune must be a block of keys (criterion, target, ...), got {block!r}")
         plan_keys = [k for k in field_names(PlanConfig) if k not in TARGETS]
-        own = [k for k in field_names(cls) if k not in ("plan", "sparsity", "finetune")]
-        check_keys(block, [*own, *plan_keys, "target", "sparsity", "finetune"], "prune")
+        own = [k for k in field_names(cls) if k not in ("plan", "sparsity", "finetune", "depth")]
+        check_keys(block, [*own, *plan_keys, "target", "sparsity", "finetune", "depth"], "prune")
         target = block.get("target")
         if isinstance(target, (int, float)) and not isinstance(target, bool):
             target = {"flops": target}  # a bare number is the FLOPs fraction kept
@@ -214,6 +243,7 @@ class PruneSpec:
             "plan": from_dict(PlanConfig, plan, "prune"),
             "sparsity": _stage(block.get("sparsity"), "prune.sparsity", train_keys, sparsity=True),
             "finetune": _stage(block.get("finetune"), "prune.finetune", train_keys, sparsity=False),
+            "depth": _depth(block.get("depth")),
         }, "prune")
 
     @property
@@ -224,7 +254,7 @@ class PruneSpec:
         """The ``prune:`` block as YAML writes it: ``PruneSpec.parse(spec.to_dict(), ...) == spec``."""
         plan = {k: v for k, v in to_dict(self.plan).items() if k not in TARGETS}
         own = {k: list(v) if isinstance(v := getattr(self, k), tuple) else v
-               for k in field_names(type(self)) if k not in ("plan", "sparsity", "finetune")}
+               for k in field_names(type(self)) if k not in ("plan", "sparsity", "finetune", "depth")}
         sp = self.sparsity
         return {
             **own,
@@ -232,7 +262,17 @@ class PruneSpec:
             **plan,
             "sparsity": {"epochs": sp.epochs, "start": sp.start, **to_dict(sp.config), **sp.overrides},
             "finetune": {"epochs": self.finetune.epochs, **_distill_keys(self.finetune), **self.finetune.overrides},
+            "depth": to_dict(self.depth),
         }
+
+
+def _depth(block: Any) -> DepthSpec:
+    """The ``prune.depth`` block (absent: no depth cut)."""
+    if block is None:
+        return DepthSpec()
+    if not isinstance(block, Mapping):
+        raise ConfigError(f"prune.depth must be a block of keys (remove, criterion, iterative), got {block!r}")
+    return from_dict(DepthSpec, block, "prune.depth")
 
 
 def _distill_keys(ft: FinetuneStage) -> dict[str, Any]:
@@ -264,9 +304,11 @@ def _stage(block: Any, where: str, train_keys: set[str], *, sparsity: bool) -> S
 
 __all__ = [
     "CONTROLS",
+    "DEPTH_CRITERIA",
     "RUN_KEYS",
     "TARGETS",
     "ConfigError",
+    "DepthSpec",
     "FinetuneStage",
     "PruneSpec",
     "RunOptions",

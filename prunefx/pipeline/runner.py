@@ -16,6 +16,7 @@ and the report in rank 0 while the others wait; only rank 0 writes files.
 
 from __future__ import annotations
 
+import json
 import warnings
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -73,6 +74,34 @@ ModelRole = Literal["baseline", "sparse", "pruned", "finetuned", "narrow", "narr
 # init: the baseline's initialisation (seeded), not trained; any other: the saved model of that role
 Start = Literal["init", "baseline", "pruned", "narrow_init", "scratch_init"]
 NARROW_TOLERANCE = 0.03  # the narrow control's MACs match the pruned model's within this fraction
+DEPTH_PLAN = "depth_plan.json"  # the prune stage's DepthPlan, beside plan.json, when prune.depth removed blocks
+
+
+def _prunefx_prune(*args: Any, **kwargs: Any) -> Any:
+    from prunefx import prune
+
+    return prune(*args, **kwargs)
+
+
+def _prunefx_prune_depth(*args: Any, **kwargs: Any) -> Any:
+    from prunefx import prune_depth
+
+    return prune_depth(*args, **kwargs)
+
+
+@dataclass(frozen=True)
+class Cuts:
+    """How a backend's models are cut: the width cut (:func:`prunefx.prune`'s signature) and the depth cut
+    (:func:`prunefx.prune_depth`'s), None where the backend cannot save a depth-pruned model; ``before_refit``:
+    with ``prune.refit`` the backend's ``evaluate`` also measures the model in memory right after the cut."""
+
+    width: Callable[..., Any] = _prunefx_prune
+    depth: Callable[..., Any] | None = None
+    before_refit: bool = False
+
+
+WIDTH_ONLY = Cuts()
+WIDTH_AND_DEPTH = Cuts(depth=_prunefx_prune_depth, before_refit=True)  # backends saving with prunefx.save
 
 
 @dataclass(frozen=True)
@@ -93,6 +122,7 @@ class Backend(Protocol):
     name: str  # the model as the report names it: "yolov8n.yaml", "torchvision:resnet18"
     checkpoint: str | None  # weights to start from instead of training the baseline
     baseline_epochs: int
+    cuts: Cuts  # the width and depth cuts of the family (WIDTH_ONLY: prune.depth is refused)
 
     def architecture(self) -> nn.Module:
         """An untrained model of the pipeline's architecture (for checks and the channel analysis)."""
@@ -127,7 +157,8 @@ class Backend(Protocol):
         """The saved model of ``role`` (pruned shapes included)."""
 
     def save(self, model: nn.Module, role: ModelRole, plan: Any = None) -> None:
-        """Write ``model`` as ``role`` (rank 0 only); pruned models carry their plan."""
+        """Write ``model`` as ``role`` (rank 0 only); pruned models carry their plan (with ``prune.depth`` the list
+        [DepthPlan, PruningPlan], as :func:`saved_plans` reads them back)."""
 
     def evaluate(self, role: ModelRole, model: nn.Module, *, alone: bool = False) -> dict[str, float]:
         """Task metrics of ``model`` (saved as ``role``); ``alone``: only rank 0 runs this stage."""
@@ -188,6 +219,9 @@ def preflight(spec: PruneSpec, backend: Backend) -> None:
     from prunefx.plan import make_plan
 
     check_target(spec)
+    if spec.depth.remove and backend.cuts.depth is None:
+        raise ConfigError(f"prune.depth: the pipeline of {backend.name} cannot save a depth-pruned model yet (the "
+                          "custom and llm tasks can); remove prune.depth")
     dg = analyze(backend.architecture(), backend.example_inputs())
     ones = {g.id: np.ones(g.channels) for g in dg.groups if g.prunable}
     # Which groups may be pruned does not depend on the target or the rounding: a plain ratio plan tells.
@@ -197,7 +231,7 @@ def preflight(spec: PruneSpec, backend: Backend) -> None:
     reason = nothing_to_prune(dg, plan, backend.name)
     if reason:
         raise ConfigError(reason)
-    if spec.refit or spec.plan.scope == "sensitivity":
+    if spec.refit or spec.plan.scope == "sensitivity" or spec.depth.remove:
         backend.calibration(1)  # a backend without data refuses prune.refit / scope sensitivity now, before training
 
 
@@ -349,7 +383,6 @@ def _penalised(model: nn.Module, config: SparsityConfig) -> list[str]:
 
 
 def _prune(ctx: _Ctx) -> PruneDone:
-    from prunefx import prune
     from prunefx.report import write_graph
     from prunefx.view.graph_data import graph_data
 
@@ -359,12 +392,22 @@ def _prune(ctx: _Ctx) -> PruneDone:
     kwargs = b.score_kwargs(spec.criterion)
     if spec.refit or spec.plan.scope == "sensitivity":  # taylor's labelled batches serve these too: passed once
         kwargs.setdefault("calibration", b.calibration(CALIBRATION_BATCHES))
+    depth, config = None, spec.plan
+    if spec.depth.remove:
+        depth, config = _cut_depth(ctx, model)
+    cut: dict[str, float] = {}  # the metrics right after the cut, before the re-fit changes the weights
+    if spec.refit and spec.steps == 1 and b.cuts.before_refit:
+        def measure_cut(pruned: nn.Module) -> None:
+            ctx.log("  the cut alone, before the re-fit:")
+            cut.update(b.evaluate("pruned", pruned, alone=True))
+
+        kwargs["on_cut"] = measure_cut
     with warnings.catch_warnings():  # score_warnings below logs tied scores with the run's own fix, once
         warnings.simplefilter("ignore", TiedScoresWarning)
         warnings.simplefilter("ignore", ScoreScaleWarning)  # the report carries it below, as prune() phrased it
-        result = prune(model, b.prune_inputs(), spec.plan, criterion=spec.criterion, check=spec.verify,
-                       bias_compensation=spec.bias_compensation, deployment=b.deployment(), steps=spec.steps,
-                       refit=spec.refit, **kwargs)
+        result = b.cuts.width(model, b.prune_inputs(), config, criterion=spec.criterion, check=spec.verify,
+                              bias_compensation=spec.bias_compensation, deployment=b.deployment(), steps=spec.steps,
+                              refit=spec.refit, **kwargs)
     reason = nothing_to_prune(result.graph, result.plan, b.name)
     if reason:
         raise ConfigError(reason)
@@ -389,8 +432,10 @@ def _prune(ctx: _Ctx) -> PruneDone:
         partial = result.parts.to_dict()
         found.append(result.parts.describe().replace("\n", "; "))
     atomic_write(ctx.root / "plan.json", result.plan.to_json().encode())
+    if depth is not None:
+        atomic_write(ctx.root / DEPTH_PLAN, json.dumps(depth.plan.to_dict(), indent=1).encode())
     write_graph(ctx.root, graph_data(result.graph, result.plan))  # report.html draws the graph from it
-    b.save(result.model, "pruned", result.plan)
+    b.save(result.model, "pruned", result.plan if depth is None else [depth.plan, result.plan])
     ctx.log(f"  {len(result.plan.pruned)} of {len(result.plan.groups)} groups pruned; verify: {verify}")
     return PruneDone(
         source=source,
@@ -404,11 +449,58 @@ def _prune(ctx: _Ctx) -> PruneDone:
         macs_kept_estimate=est["macs_after"] / est["macs_before"] if est.get("macs_before") else None,
         warnings=tuple(found),
         partial_capture=partial,
-        refit={**result.refit.to_dict(), "calibration": b.calibration_source} if result.refit is not None else None,
+        refit=None if result.refit is None else {**result.refit.to_dict(), "calibration": b.calibration_source,
+                                                 **({"metrics_before": cut} if cut else {})},
+        depth=None if depth is None else depth.record,
         sensitivity=({**result.sensitivity.to_dict(), "calibration": b.calibration_source}
                      if result.sensitivity is not None else None),
         metrics=b.evaluate("pruned", result.model, alone=True),  # only rank 0 runs this stage
     )
+
+
+@dataclass(frozen=True)
+class _DepthCut:
+    plan: Any  # the DepthPlan
+    record: dict[str, Any]  # PruneDone.depth
+
+
+def _cut_depth(ctx: _Ctx, model: nn.Module) -> tuple[_DepthCut, PlanConfig]:
+    """Remove ``prune.depth.remove`` blocks of ``model`` in place (checked by the depth oracle), and the width
+    plan's config: the target, a fraction of the model before the depth cut, restated for the model after it."""
+    from prunefx.metrics import measure
+
+    spec, b = ctx.job.prune, ctx.backend
+    d = spec.depth
+    assert b.cuts.depth is not None  # preflight refused prune.depth otherwise
+    x = b.example_inputs()
+    before = measure(model, x)
+    result = b.cuts.depth(model, b.prune_inputs(), remove=d.remove, criterion=d.criterion, iterative=d.iterative,
+                          calibration=b.calibration(CALIBRATION_BATCHES), check=spec.verify)
+    after = measure(model, x)
+    ((key, value),) = spec.target.items()
+    kept = {"params": after.params / before.params, "flops": after.macs / before.macs}
+    width = value if key == "ratio" else value / kept[key]
+    if key != "ratio" and width >= 1.0:
+        raise ConfigError(f"prune.depth.remove={d.remove} alone keeps {kept[key]:.3f} of the {key}, at or under the "
+                          f"target prune.target.{key}={value:g}, leaving the width cut nothing to do; remove fewer "
+                          "blocks or lower the target")
+    verify = result.verified.message if result.verified is not None else "skipped (prune.verify=false)"
+    ctx.log(f"  depth: removed {', '.join(result.plan.remove)} ({d.criterion}); verify: {verify}")
+    record = {"removed": list(result.plan.remove), "criterion": result.plan.criterion,
+              "scores": {p: s for p, s in result.plan.scores}, "params_kept": kept["params"],
+              "macs_kept": kept["flops"], "verify": verify, "width_target": {key: width},
+              "warnings": list(result.warnings)}
+    return _DepthCut(result.plan, record), replace(spec.plan, **{key: width})
+
+
+def saved_plans(root: Path) -> Any:
+    """The plan(s) the prune stage wrote in ``root``: its PruningPlan, or [DepthPlan, PruningPlan] after a depth
+    cut (as :func:`prunefx.save` takes them)."""
+    from prunefx.plan.depth import DepthPlan
+
+    width = PruningPlan.from_json((root / "plan.json").read_text())
+    depth = root / DEPTH_PLAN
+    return width if not depth.is_file() else [DepthPlan.from_dict(json.loads(depth.read_text())), width]
 
 
 def _finetune(ctx: _Ctx) -> TrainDone | Skipped:
@@ -578,6 +670,7 @@ def _report(ctx: _Ctx) -> ReportDone:
         **({"latency_timing": {"max_seconds": spec.latency_max_s, "rounds": next(iter(timed.values())).rounds,
                                "cut_short": cut}} if timed else {}),
         **({"latency_target": to_dict(pr.latency_target)} if pr.latency_target else {}),
+        **({"depth": dict(pr.depth)} if pr.depth else {}),  # the blocks the depth cut removed, before the width cut
         **({"refit": dict(pr.refit)} if pr.refit else {}),  # calibration error before/after, per layer
         **({"sensitivity": dict(pr.sensitivity)} if pr.sensitivity else {}),  # per-group damage curves, plotted
         **b.settings(),
@@ -592,5 +685,6 @@ def _report(ctx: _Ctx) -> ReportDone:
                       files=tuple(sorted(p.name for p in ctx.root.iterdir() if p.is_file())))
 
 
-__all__ = ["NARROW_TOLERANCE", "ONE_SHOT", "STAGES", "Backend", "Job", "Trained", "check_target", "control_runs",
-           "execute", "narrow_model", "nothing_to_prune", "open_run", "preflight", "resume_hint", "stage_epochs"]
+__all__ = ["DEPTH_PLAN", "NARROW_TOLERANCE", "ONE_SHOT", "STAGES", "WIDTH_AND_DEPTH", "WIDTH_ONLY", "Backend", "Cuts",
+           "Job", "Trained", "check_target", "control_runs", "execute", "narrow_model", "nothing_to_prune", "open_run",
+           "preflight", "resume_hint", "saved_plans", "stage_epochs"]

@@ -119,7 +119,9 @@ def render_markdown(report: Mapping[str, Any], plots: Sequence[str] = ()) -> str
     lines += _md_table(["stage", *_COST_COLUMNS, *metrics], [[name, *_row(s, metrics)] for name, s in stages.items()])
     lines += ["", "Costs show the relative change vs baseline in parentheses, metrics the absolute change.", ""]
     lines += _timing_line(report.get("timing"))
-    refit = report["settings"].get("refit") if isinstance(report["settings"], Mapping) else None
+    settings = report["settings"] if isinstance(report["settings"], Mapping) else {}
+    depth, refit = settings.get("depth"), settings.get("refit")
+    lines += [depth_line(depth), ""] if isinstance(depth, Mapping) else []
     lines += [refit_line(refit), ""] if isinstance(refit, Mapping) else []
     lines += _changes_section(stages) + _widths_section(report["widths"]) + _sweep_section(report["sweep"])
     lines += [f"![{name.removesuffix('.png')}]({name})" for name in plots] + ([""] if plots else [])
@@ -160,9 +162,22 @@ def refit_line(refit: Mapping[str, Any]) -> str:
     layers, skipped = refit.get("layers", ()), refit.get("skipped", ())
     applied = sum(1 for x in layers if x.get("applied"))
     data = f" ({refit['calibration']})" if refit.get("calibration") else ""
+    before = refit.get("metrics_before")
+    cut = (" Metrics right after the cut, before the re-fit: " + ", ".join(f"{k} {v:.4g}" for k, v in before.items())
+           + ".") if isinstance(before, Mapping) and before else ""
     return (f"Re-fit after the cut on {refit.get('batches')} calibration batch(es){data}: relative output error "
             f"{refit.get('before', 0.0):.4g} -> {refit.get('after', 0.0):.4g} over {len(layers)} layer(s), "
-            f"{applied} re-fitted, {len(skipped)} skipped.")
+            f"{applied} re-fitted, {len(skipped)} skipped.{cut}")
+
+
+def depth_line(depth: Mapping[str, Any]) -> str:
+    """One sentence on the depth cut before the width cut: the blocks removed, by what, what they left."""
+    removed = depth.get("removed") or ()
+    target = ", ".join(f"{k} {v:.4g}" for k, v in (depth.get("width_target") or {}).items())
+    return (f"Depth cut before the width cut: {len(removed)} block(s) removed ({', '.join(removed)}) by "
+            f"{depth.get('criterion')}, keeping {depth.get('params_kept', 1.0):.3f} of the parameters and "
+            f"{depth.get('macs_kept', 1.0):.3f} of the MACs; checked: {depth.get('verify')}; the width cut then "
+            f"planned for {target} of the model the depth cut left.")
 
 
 def _timing_line(timing: Mapping[str, Any] | None) -> list[str]:

@@ -128,3 +128,26 @@ def test_batches_of_keyword_inputs_are_pruned_and_recovered(tmp_path: Path) -> N
     assert state["status"] == "complete"
     report = load_report(tmp_path / "kw")
     assert report["stages"]["finetuned"]["flops"] < 0.6 * report["stages"]["baseline"]["flops"]
+
+
+@pytest.mark.slow
+def test_a_depth_cut_before_the_width_cut_saves_both_plans_and_reloads(tmp_path: Path) -> None:
+    # prune.depth on a custom task: one decoder layer removed (checked by the depth oracle), then the widths; the
+    # saved model carries [DepthPlan, PruningPlan] and prunefx.load rebuilds it on a fresh model of the factory
+    pytest.importorskip("transformers")
+    from prunefx.examples import stdlib_lm as lm
+
+    config = str(Path(__file__).resolve().parents[2] / "configs" / "stdlib_lm.yaml")
+    result = CliRunner().invoke(app, ["prune", config, "trust_code=true", f"project={tmp_path}", "name=d",
+                                      "prune.depth.remove=1", "prune.target.params=0.5", "prune.finetune.epochs=1"])
+    assert result.exit_code == 0, result.output
+    run = tmp_path / "d"
+    state = json.loads((run / "state.json").read_text())
+    assert len(state["stages"]["prune"]["depth"]["removed"]) == 1
+    report = load_report(run)
+    assert report["stages"]["pruned"]["params"] / report["stages"]["baseline"]["params"] == pytest.approx(0.5,
+                                                                                                         rel=0.03)
+    model = prunefx.load(run / "weights" / "finetuned.pt", lm.trained_lm).eval()
+    assert len(model.model.layers) == 3 and model.config.num_hidden_layers == 3
+    assert lm.metric(model, lm.make_data()["val"])["ppl"] == pytest.approx(
+        state["stages"]["finetune"]["metrics"]["ppl"], rel=1e-4)

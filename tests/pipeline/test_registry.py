@@ -35,6 +35,16 @@ def test_unknown_family_is_one_config_error_naming_the_known_ones() -> None:
         registry.pipeline_for("jax")
 
 
+def test_a_task_for_any_model_is_found_whatever_the_models_family() -> None:
+    # `task: llm` with a checkpoint directory as the model: no family claims a directory, the task does
+    from prunefx.pipeline.backends.llm import run_llm_config
+    from prunefx.spec import config_family
+
+    family = config_family("path/to/checkpoint").name
+    assert registry.pipeline_for(family, "llm") is run_llm_config
+    assert registry.pipeline_for(family, None) is not run_llm_config
+
+
 @pytest.mark.parametrize("config,family", [("digits_cnn.yaml", "torch"), ("yolo.yaml", "ultralytics")])
 def test_run_config_calls_the_pipeline_registered_for_the_models_family(
     config: str, family: str, monkeypatch: pytest.MonkeyPatch

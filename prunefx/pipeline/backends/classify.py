@@ -46,7 +46,18 @@ from prunefx.pipeline.classify_model import (
 from prunefx.pipeline.records import RankTrained
 from prunefx.pipeline.run_config import RUN_KEYS, ConfigError, PruneSpec, StageSpec, check_keys
 from prunefx.pipeline.rundir import RunDir
-from prunefx.pipeline.runner import STAGES, Job, ModelRole, Start, Trained, execute, open_run, preflight, resume_hint
+from prunefx.pipeline.runner import (
+    STAGES,
+    Cuts,
+    Job,
+    ModelRole,
+    Start,
+    Trained,
+    execute,
+    open_run,
+    preflight,
+    resume_hint,
+)
 from prunefx.train.distributed import (
     LOCAL,
     DistContext,
@@ -171,6 +182,8 @@ class ClassifyJob(Job):
 
 class ClassifyBackend:
     """Train with :func:`prunefx.train.fit` in every rank, evaluate over all ranks (see ``runner.Backend``)."""
+
+    cuts = Cuts(before_refit=True)  # the pruned model's checkpoint holds one PruningPlan: no prune.depth yet
 
     def __init__(self, job: ClassifyJob, dist: DistContext, log: Callable[[str], None] = print) -> None:
         self.job, self.dist, self.log = job, dist, log

@@ -36,7 +36,17 @@ from prunefx.errors import PrunefxError
 from prunefx.metrics import Deployment
 from prunefx.pipeline.run_config import RUN_KEYS, ConfigError, PruneSpec, StageSpec, check_keys
 from prunefx.pipeline.rundir import RunDir
-from prunefx.pipeline.runner import Job, ModelRole, Start, Trained, execute, open_run, preflight
+from prunefx.pipeline.runner import (
+    WIDTH_AND_DEPTH,
+    Job,
+    ModelRole,
+    Start,
+    Trained,
+    execute,
+    open_run,
+    preflight,
+    saved_plans,
+)
 from prunefx.spec import SpecError, call_factory, resolve_factory
 from prunefx.train.distributed import LOCAL
 from prunefx.train.recover import RecoverConfig, recover
@@ -119,6 +129,7 @@ class CustomBackend:
     """The runner's view of a custom task (see :class:`prunefx.pipeline.runner.Backend`)."""
 
     dist = LOCAL
+    cuts = WIDTH_AND_DEPTH  # saved with prunefx.save, which takes [DepthPlan, PruningPlan]
     baseline_epochs = 0
     chance = None
 
@@ -207,7 +218,8 @@ class CustomBackend:
         return f"the first training batches of {self.job.data}"
 
     def calibration(self, batches: int) -> list[Any]:
-        return [_positional(self._model, x) for x, _ in self._data["train"][:batches]]
+        # lists: positional inputs, never read as an (inputs, targets) pair however many the model takes
+        return [list(_positional(self._model, x)) for x, _ in self._data["train"][:batches]]
 
     def from_checkpoint(self) -> nn.Module:
         return copy.deepcopy(self._model)
@@ -269,11 +281,9 @@ class CustomBackend:
                 "input_shapes": [list(x.shape) for x in self.example_inputs()]}
 
     def _pruned_plan(self) -> Any:
-        """The prune stage's plan, as it wrote it (also after a resume)."""
-        from prunefx.plan import PruningPlan
-
+        """The prune stage's plan(s), as it wrote them (also after a resume)."""
         assert self.root is not None
-        return PruningPlan.from_json((self.root / "plan.json").read_text())
+        return saved_plans(self.root)
 
 
 def _positional(model: nn.Module, inputs: Any) -> tuple[Any, ...]:

@@ -27,7 +27,7 @@ from prunefx.errors import PrunefxError
 from prunefx.metrics import Deployment
 from prunefx.pipeline.run_config import StageSpec
 from prunefx.pipeline.rundir import RunDir, install
-from prunefx.pipeline.runner import Job, ModelRole, Start, Trained, execute, preflight
+from prunefx.pipeline.runner import WIDTH_ONLY, Job, ModelRole, Start, Trained, execute, preflight
 from prunefx.spec import LoadedModel
 from prunefx.train.distributed import LOCAL
 from prunefx.train.sparsity import SparsityConfig
@@ -37,6 +37,7 @@ class SpecBackend:
     """Hands the runner a loaded SPEC's model; costs only, no task metrics (see ``runner.Backend``)."""
 
     dist = LOCAL
+    cuts = WIDTH_ONLY
     baseline_epochs = 0
 
     def __init__(self, loaded: LoadedModel, deployment: Deployment | None = None) -> None:

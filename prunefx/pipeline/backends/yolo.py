@@ -29,7 +29,7 @@ from prunefx.errors import PrunefxError, UntrustedFileError
 from prunefx.metrics import Deployment
 from prunefx.pipeline.run_config import RUN_KEYS, ConfigError, PruneSpec, RunOptions, StageSpec, check_keys
 from prunefx.pipeline.rundir import RunDir
-from prunefx.pipeline.runner import STAGES, Job, ModelRole, Start, Trained, execute, open_run, preflight
+from prunefx.pipeline.runner import STAGES, WIDTH_ONLY, Job, ModelRole, Start, Trained, execute, open_run, preflight
 from prunefx.train.distributed import LOCAL
 from prunefx.train.sparsity import SparsityConfig
 
@@ -280,6 +280,7 @@ class YoloBackend:
     """Train, evaluate, load and save with ultralytics (see :class:`prunefx.pipeline.runner.Backend`)."""
 
     dist = LOCAL  # multi-GPU: ultralytics' trainer runs its own DDP workers inside one stage
+    cuts = WIDTH_ONLY  # evaluate reads the saved checkpoint (no metric before the re-fit); no prune.depth
 
     def __init__(self, job: YoloJob, log: Callable[[str], None] = print) -> None:
         self.job, self.log = job, log

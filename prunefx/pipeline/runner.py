@@ -16,6 +16,7 @@ and the report in rank 0 while the others wait; only rank 0 writes files.
 
 from __future__ import annotations
 
+import importlib
 import json
 import warnings
 from collections import Counter
@@ -77,16 +78,15 @@ NARROW_TOLERANCE = 0.03  # the narrow control's MACs match the pruned model's wi
 DEPTH_PLAN = "depth_plan.json"  # the prune stage's DepthPlan, beside plan.json, when prune.depth removed blocks
 
 
-def _prunefx_prune(*args: Any, **kwargs: Any) -> Any:
-    from prunefx import prune
+def imported_on_call(target: str) -> Callable[..., Any]:
+    """The function ``"module:name"``, imported when first called (a backend's cuts name their library lazily)."""
+    module, _, name = target.partition(":")
 
-    return prune(*args, **kwargs)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return getattr(importlib.import_module(module), name)(*args, **kwargs)
 
-
-def _prunefx_prune_depth(*args: Any, **kwargs: Any) -> Any:
-    from prunefx import prune_depth
-
-    return prune_depth(*args, **kwargs)
+    call.__qualname__ = call.__name__ = name
+    return call
 
 
 @dataclass(frozen=True)
@@ -95,13 +95,14 @@ class Cuts:
     (:func:`prunefx.prune_depth`'s), None where the backend cannot save a depth-pruned model; ``before_refit``:
     with ``prune.refit`` the backend's ``evaluate`` also measures the model in memory right after the cut."""
 
-    width: Callable[..., Any] = _prunefx_prune
+    width: Callable[..., Any] = imported_on_call("prunefx:prune")
     depth: Callable[..., Any] | None = None
     before_refit: bool = False
 
 
 WIDTH_ONLY = Cuts()
-WIDTH_AND_DEPTH = Cuts(depth=_prunefx_prune_depth, before_refit=True)  # backends saving with prunefx.save
+# backends saving with prunefx.save (a list of plans) and evaluating the model in memory
+WIDTH_AND_DEPTH = Cuts(depth=imported_on_call("prunefx:prune_depth"), before_refit=True)
 
 
 @dataclass(frozen=True)
@@ -255,6 +256,16 @@ def open_run(job: Job) -> RunDir:
     """Create, replace or resume the job's run directory (see :class:`RunDir`)."""
     opts = job.run
     return RunDir.open(Path(opts.project), str(opts.name), job.config, resume=opts.resume, exist_ok=opts.exist_ok)
+
+
+def run_job(job: Job, backend: Backend, *, log: Callable[[str], None] = print) -> RunDir:
+    """Check, open and run (or resume) every stage of a one-process ``job``; returns the finished run directory."""
+    preflight(job.prune, backend)  # nothing prunable: an error before the directory exists
+    run = open_run(job)
+    log(f"run directory: {run.root}")
+    result = execute(job, backend, run, log=log)
+    assert result is not None  # one process: rank 0
+    return result
 
 
 def resume_hint(root: Path) -> str:
@@ -687,4 +698,4 @@ def _report(ctx: _Ctx) -> ReportDone:
 
 __all__ = ["DEPTH_PLAN", "NARROW_TOLERANCE", "ONE_SHOT", "STAGES", "WIDTH_AND_DEPTH", "WIDTH_ONLY", "Backend", "Cuts",
            "Job", "Trained", "check_target", "control_runs", "execute", "narrow_model", "nothing_to_prune", "open_run",
-           "preflight", "resume_hint", "saved_plans", "stage_epochs"]
+           "imported_on_call", "preflight", "resume_hint", "run_job", "saved_plans", "stage_epochs"]

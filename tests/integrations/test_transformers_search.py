@@ -77,3 +77,65 @@ def test_a_budget_without_embeddings_counts_the_decoder_only():
     body = sum(p.numel() for p in model.parameters()) - tables
     kept = (sum(p.numel() for p in result.model.parameters()) - tables) / body
     assert kept == pytest.approx(result.best.params_kept, abs=1e-4) and abs(kept - 0.6) <= 0.012
+
+
+def _memory_by_hand(cfg, params: int, batch: int, context: int, window: int | None = None) -> float:
+    # weights in bf16 + K and V of every layer for batch x context tokens (a sliding layer holds its window)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    types = getattr(cfg, "layer_types", None) or ["full_attention"] * cfg.num_hidden_layers
+    tokens = sum(min(context, window) if t == "sliding_attention" and window else context for t in types)
+    return 2 * params + 2 * batch * tokens * 2 * cfg.num_key_value_heads * head_dim
+
+
+def test_memory_counts_the_weights_and_the_kv_cache_sliding_layers_at_their_window():
+    model = _model()
+    n = sum(p.numel() for p in model.parameters())
+    budget = pfx_hf.Budget("memory", batch=4, context=512)
+    assert budget.of(model) == _memory_by_hand(model.config, n, 4, 512)
+    cfg = T.Gemma3TextConfig(vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=4, head_dim=16,
+                             num_attention_heads=4, num_key_value_heads=2, sliding_window=128,
+                             layer_types=["sliding_attention", "sliding_attention", "sliding_attention",
+                                          "full_attention"])
+    gemma = T.AutoModelForCausalLM.from_config(cfg)
+    g = sum(p.numel() for p in gemma.parameters())
+    assert budget.of(gemma) == _memory_by_hand(gemma.config, g, 4, 512, window=128)
+    assert budget.of(gemma) < _memory_by_hand(gemma.config, g, 4, 512)  # the windows hold fewer tokens
+    with pytest.raises(PrunefxError, match="unknown budget measure"):
+        pfx_hf.Budget("bytes")
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_memory_budget_is_met_by_every_candidate_and_the_kv_cache_counts():
+    model = _model()
+    budget = pfx_hf.Budget("memory", batch=1, context=256)  # the cache: a third of the bytes
+    base = budget.of(model)
+    result = pfx_hf.search(model, _ids(), keep=0.6, budget=budget, score=lambda m: m.config.num_hidden_layers)
+    assert result.candidates and result.budget.startswith("memory")
+    for c in result.candidates:
+        assert c.kept == pytest.approx(0.6, rel=0.02)
+    kept = budget.of(result.model) / base
+    assert kept == pytest.approx(result.best.kept, abs=1e-4) and kept == pytest.approx(0.6, rel=0.02)
+    # measured independently: the best model's config and weights give the same bytes
+    n = sum(p.numel() for p in result.model.parameters())
+    assert budget.of(result.model) == _memory_by_hand(result.model.config, n, 1, 256)
+    assert all(abs(c.params_kept - c.kept) > 0.02 for c in result.candidates)  # not a parameter budget
+    with pytest.raises(PrunefxError, match="give one of params"):
+        pfx_hf.search(model, _ids(), params=0.6, keep=0.6)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_an_active_params_budget_on_a_mixture_of_experts():
+    from prunefx.integrations.transformers.experts import active_params
+
+    torch.manual_seed(0)
+    cfg = T.MixtralConfig(vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                          num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2)
+    model = T.AutoModelForCausalLM.from_config(cfg).eval()
+    shallow = copy.deepcopy(model)
+    pfx_hf.prune_depth(shallow, _ids(), remove=1)
+    goal = active_params(shallow) / active_params(model)  # one layer fewer, counted by hand
+    params = sum(p.numel() for p in shallow.parameters()) / sum(p.numel() for p in model.parameters())
+    assert abs(goal - params) > 1e-3  # inactive experts make the two measures differ
+    result = pfx_hf.search(model, _ids(), keep=goal, budget="active_params", depths=[1])
+    assert result.best.kept == pytest.approx(goal, abs=1e-4) and result.best.params_kept == pytest.approx(params,
+                                                                                                          abs=1e-4)

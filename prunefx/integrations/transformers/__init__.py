@@ -9,6 +9,7 @@ imports nothing from transformers.
 """
 
 from prunefx.integrations.transformers.api import ConfigStaleWarning, prune, stream_patterns, update_config
+from prunefx.integrations.transformers.budget import Budget
 from prunefx.integrations.transformers.checkpoint import CheckpointTensors, meta_model, prune_checkpoint
 from prunefx.integrations.transformers.depth import compact_layers, prune_depth
 from prunefx.integrations.transformers.experts import moe_layers, prune_experts
@@ -17,7 +18,7 @@ from prunefx.integrations.transformers.search import Candidate, SearchResult, se
 
 __all__ = [
     "prune", "prune_depth", "compact_layers", "prune_experts", "moe_layers", "search", "SearchResult", "Candidate",
-    "stream_patterns", "update_config", "ConfigStaleWarning",
+    "Budget",    "stream_patterns", "update_config", "ConfigStaleWarning",
     "derived_config", "check_config", "save_pretrained", "CheckpointTensors",
     "meta_model", "prune_checkpoint",
 ]

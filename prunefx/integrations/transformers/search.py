@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -27,6 +27,7 @@ from prunefx.analysis.outputs import output_leaves
 from prunefx.capture.inputs import positional
 from prunefx.errors import PrunefxError
 from prunefx.integrations.transformers.api import prune
+from prunefx.integrations.transformers.budget import Budget
 from prunefx.integrations.transformers.depth import prune_depth
 from prunefx.plan import PlanConfig
 from prunefx.sensitivity import calibration_batches
@@ -39,8 +40,9 @@ class Candidate:
     layers_removed: int
     removed: tuple[str, ...]
     width_target: float | None  # the params fraction asked of the width cut after the depth cut (None: none)
-    params_kept: float  # of the original's parameters
+    params_kept: float  # of the original's parameters (without embeddings when the budget counts them so)
     score: float
+    kept: float | None = None  # of the search's budget (the parameters unless another budget was given)
 
 
 @dataclass(frozen=True)
@@ -51,26 +53,19 @@ class SearchResult:
     best: Candidate
     candidates: tuple[Candidate, ...]
     skipped: tuple[tuple[int, str], ...] = ()  # (layers removed, why no candidate was scored there)
+    budget: str = "params"  # what the budget counted, in words
 
     def table(self) -> str:
         """Every candidate as text, the best marked, then the depths skipped and why."""
-        lines = ["  layers removed  width target  params kept  score"]
+        lines = [f"budget: {self.budget}", "  layers removed  width target  params kept  budget kept  score"]
         for c in self.candidates:
             mark = "*" if c == self.best else " "
             width = f"{c.width_target:.3f}" if c.width_target is not None else "-"
-            lines.append(f"{mark} {c.layers_removed:>14}  {width:>12}  {c.params_kept:>11.3f}  {c.score:.5g}")
+            kept = c.params_kept if c.kept is None else c.kept
+            lines.append(f"{mark} {c.layers_removed:>14}  {width:>12}  {c.params_kept:>11.3f}  {kept:>11.3f}  "
+                         f"{c.score:.5g}")
         lines += [f"  {d:>14}  skipped: {why}" for d, why in self.skipped]
         return "\n".join(lines)
-
-
-def _count(model: nn.Module, embeddings: bool = True) -> int:
-    """Parameters of ``model``; without ``embeddings``, less the input embedding and the output head."""
-    n = sum(p.numel() for p in model.parameters())
-    if embeddings:
-        return n
-    tables = {id(p): p for m in (model.get_input_embeddings(), model.get_output_embeddings()) if m is not None
-              for p in m.parameters()}
-    return n - sum(p.numel() for p in tables.values())
 
 
 def _logit_error(reference: list[Any]) -> Callable[[nn.Module, list[tuple]], float]:
@@ -92,7 +87,9 @@ def search(
     model: nn.Module,
     example_inputs: Any,
     *,
-    params: float,
+    params: float | None = None,
+    keep: float | None = None,
+    budget: Budget | str = "params",
     score: Callable[[nn.Module], float] | None = None,
     calibration: Iterable[Any] | None = None,
     loss_fn: Callable | None = None,
@@ -103,14 +100,23 @@ def search(
     language_model_only: bool = False,
     **prune_kwargs: Any,
 ) -> SearchResult:
-    """Mix depth and width to keep ``params`` of the parameters; return the candidate ``score`` ranks best.
+    """Mix depth and width to keep a fraction of a budget; return the candidate ``score`` ranks best.
 
-    ``embeddings=False``: the budget counts the parameters without the input embedding and the output head (which
-    neither cut touches). ``language_model_only``: a VLM's vision tower and projector are left as they are.
+    ``params=f`` keeps ``f`` of the parameters (``embeddings=False``: without the input embedding and the output
+    head, which neither cut touches); ``keep=f, budget=...`` keeps ``f`` of another :class:`Budget`
+    (``"active_params"``, ``Budget("memory", batch=, context=)``: weights + KV cache), the width cut bisected on
+    the measured budget. ``language_model_only``: a VLM's vision tower and projector are left as they are.
     ``criterion`` and ``prune_kwargs`` (``refit=True``, ``normalize=``...) go to the width
     cut, ``calibration`` and ``loss_fn`` to both cuts. See the module doc."""
-    if not 0 < params < 1:
-        raise PrunefxError(f"params={params} is no fraction of the parameters to keep: give a value in (0, 1)")
+    if (params is None) == (keep is None):
+        raise PrunefxError("give one of params=f (a fraction of the parameters) or keep=f with budget=...")
+    keep = params if keep is None else keep
+    budget = Budget(budget) if isinstance(budget, str) else budget
+    if not embeddings and budget.measure == "params":
+        budget = replace(budget, measure="params_no_embeddings")
+    if not 0 < keep < 1:
+        raise PrunefxError(f"{'params' if params is not None else 'keep'}={keep} is no fraction of the "
+                           f"{budget.describe()} to keep: give a value in (0, 1)")
     one = [list(positional(model, example_inputs))]  # a list: positional inputs, never read as (inputs, targets)
     batches = calibration_batches(one if calibration is None else calibration, loss_fn, model)
     model.eval()
@@ -122,7 +128,8 @@ def search(
         def score(m: nn.Module) -> float:
             return error(m, batches)
 
-    total, fixed = _count(model, embeddings), _count(model) - _count(model, embeddings)
+    base = budget.of(model)
+    all_params = Budget("params").of(model)
     cal = [list(b) if t is None else (list(b), t) for b, t in batches]  # a list: positional inputs, never (x, y)
     scope = {"language_model_only": language_model_only}
     depth_kwargs = {**scope, **({"criterion": "output", "loss_fn": loss_fn} if loss_fn is not None else {})}
@@ -134,6 +141,7 @@ def search(
         if not isinstance(layers, int):
             raise PrunefxError(f"{type(model).__name__}'s config has no num_hidden_layers: give depths=[...]")
         depths = range(layers)
+    what = budget.describe()
     tried, skipped, best, best_model = [], [], None, None
     for d in depths:
         candidate = copy.deepcopy(model)
@@ -144,24 +152,50 @@ def search(
             except PrunefxError as exc:  # more layers than the model can lose
                 skipped.append((d, str(exc).split("\n")[0]))
                 continue
-        left = _count(candidate, embeddings) / total
-        if left < params * (1 - tolerance):
-            skipped.append((d, f"removing {d} layers alone keeps {left:.3f}, under the budget"))
+        left = budget.of(candidate) / base
+        if left < keep * (1 - tolerance):
+            skipped.append((d, f"removing {d} layers alone keeps {left:.3f} of the {what}, under the budget"))
             break  # more layers only more so
         width = None
-        if left > params * (1 + tolerance):  # PlanConfig(params=) counts every parameter of the model it cuts
-            width = (params * total + fixed) / (left * total + fixed)
+        if left > keep * (1 + tolerance):  # PlanConfig(params=) counts every parameter of the model it cuts
+            width = _width_target(candidate, example_inputs, keep * base, budget, tolerance, criterion, width_kwargs)
             prune(candidate, example_inputs, PlanConfig(params=width), criterion=criterion, **width_kwargs)
-        kept = _count(candidate, embeddings) / total
-        if abs(kept - params) > tolerance * params:  # allowed head counts and uniform layers move in steps
-            skipped.append((d, f"the width cut kept {kept:.3f} of the parameters, not {params:.3f} +- {tolerance:.0%}"))
+        kept = budget.of(candidate) / base
+        if abs(kept - keep) > tolerance * keep:  # allowed head counts and uniform layers move in steps
+            skipped.append((d, f"the width cut kept {kept:.3f} of the {what}, not {keep:.3f} +- {tolerance:.0%}"))
             continue
-        c = Candidate(d, tuple(removed), width, round(kept, 4), float(score(candidate.eval())))
+        params_kept = kept if budget.measure == "params_no_embeddings" else Budget("params").of(candidate) / all_params
+        c = Candidate(d, tuple(removed), width, round(params_kept, 4), float(score(candidate.eval())), round(kept, 4))
         tried.append(c)
         if best is None or c.score < best.score:
             best, best_model = c, candidate
     if best is None:
         why = "; ".join(f"{d} layers: {w}" for d, w in skipped[:3])
-        raise PrunefxError(f"no candidate keeps {params:.1%} of the parameters within {tolerance:.0%} ({why}): give "
-                           "another params target or a larger tolerance")
-    return SearchResult(best_model, best, tuple(tried), tuple(skipped))
+        raise PrunefxError(f"no candidate keeps {keep:.1%} of the {what} within {tolerance:.0%} ({why}): give "
+                           "another target or a larger tolerance")
+    return SearchResult(best_model, best, tuple(tried), tuple(skipped), what)
+
+
+def _width_target(model: nn.Module, example_inputs: Any, goal: float, budget: Budget, tolerance: float,
+                  criterion: str, width_kwargs: dict[str, Any]) -> float:
+    """The ``PlanConfig(params=)`` fraction whose width cut leaves ``goal`` of ``budget`` in ``model``.
+
+    Parameter budgets have it in closed form (the embeddings are a fixed part); any other is bisected on trial cuts
+    of copies (unchecked and not re-fitted: only the widths they land on are read)."""
+    total = Budget("params").of(model)
+    if budget.measure in ("params", "params_no_embeddings"):
+        fixed = total - budget.of(model)
+        return (goal + fixed) / total
+    trial_kwargs = {k: v for k, v in width_kwargs.items() if k != "refit"}
+    lo, hi, w = 0.0, 1.0, min(0.99, goal / budget.of(model))
+    best = (math.inf, w)
+    for _ in range(10):
+        trial = copy.deepcopy(model)
+        prune(trial, example_inputs, PlanConfig(params=w), criterion=criterion, check=False, **trial_kwargs)
+        got = budget.of(trial)
+        best = min(best, (abs(got / goal - 1), w))
+        if best[0] <= tolerance / 2:
+            break
+        lo, hi = (lo, w) if got > goal else (w, hi)
+        w = (lo + hi) / 2
+    return best[1]

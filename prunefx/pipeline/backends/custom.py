@@ -36,17 +36,7 @@ from prunefx.errors import PrunefxError
 from prunefx.metrics import Deployment
 from prunefx.pipeline.run_config import RUN_KEYS, ConfigError, PruneSpec, StageSpec, check_keys
 from prunefx.pipeline.rundir import RunDir
-from prunefx.pipeline.runner import (
-    WIDTH_AND_DEPTH,
-    Job,
-    ModelRole,
-    Start,
-    Trained,
-    execute,
-    open_run,
-    preflight,
-    saved_plans,
-)
+from prunefx.pipeline.runner import WIDTH_AND_DEPTH, Job, ModelRole, Start, Trained, run_job, saved_plans
 from prunefx.spec import SpecError, call_factory, resolve_factory
 from prunefx.train.distributed import LOCAL
 from prunefx.train.recover import RecoverConfig, recover
@@ -304,13 +294,7 @@ def run_custom_config(config: Mapping[str, Any], config_name: str, log: Callable
 
 def run_custom(job: CustomJob, *, log: Callable[[str], None] = print) -> RunDir:
     """Run (or resume) every stage of ``job``; returns the finished run directory."""
-    backend = CustomBackend(job, log)
-    preflight(job.prune, backend)  # nothing prunable: an error before the directory exists
-    run = open_run(job)
-    log(f"run directory: {run.root}")
-    result = execute(job, backend, run, log=log)
-    assert result is not None
-    return result
+    return run_job(job, CustomBackend(job, log), log=log)
 
 
 __all__ = ["STAGES", "CustomBackend", "CustomJob", "run_custom", "run_custom_config"]

@@ -42,7 +42,7 @@ from prunefx.errors import PrunefxError
 from prunefx.pipeline.backends.custom import FINETUNE_KEYS, CustomBackend, CustomJob
 from prunefx.pipeline.run_config import RUN_KEYS, ConfigError, PruneSpec, check_keys
 from prunefx.pipeline.rundir import RunDir
-from prunefx.pipeline.runner import Cuts, ModelRole, execute, open_run, preflight
+from prunefx.pipeline.runner import Cuts, ModelRole, imported_on_call, run_job
 
 STAGES = ("baseline", "prune", "finetune", "report")
 EMBEDDED = "embedded"
@@ -51,18 +51,6 @@ TEXT_SUFFIXES = (".txt", ".md", ".rst", ".py", ".json", ".jsonl", ".csv", ".tex"
 DATA_KEYS = ("text", "tokenizer", "seq_len", "batch", "train_batches", "val_batches")
 TOP_KEYS = ("task", "model", *DATA_KEYS, "trust_code", "prune", *RUN_KEYS)
 HELD_OUT = 0.1  # the last tenth of the tokens: perplexity is measured there
-
-
-def _hf_prune(*args: Any, **kwargs: Any) -> Any:
-    from prunefx.integrations.transformers import prune
-
-    return prune(*args, **kwargs)
-
-
-def _hf_prune_depth(*args: Any, **kwargs: Any) -> Any:
-    from prunefx.integrations.transformers import prune_depth
-
-    return prune_depth(*args, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -137,7 +125,8 @@ class LlmJob(CustomJob):
 class LlmBackend(CustomBackend):
     """The runner's view of a causal LM on text (see :class:`prunefx.pipeline.runner.Backend`)."""
 
-    cuts = Cuts(width=_hf_prune, depth=_hf_prune_depth, before_refit=True)
+    cuts = Cuts(width=imported_on_call("prunefx.integrations.transformers:prune"),
+                depth=imported_on_call("prunefx.integrations.transformers:prune_depth"), before_refit=True)
     primary_metric = "ppl"
 
     def __init__(self, job: LlmJob, log: Callable[[str], None] = print) -> None:
@@ -329,13 +318,7 @@ def run_llm_config(config: Mapping[str, Any], config_name: str, log: Callable[[s
 
 def run_llm(job: LlmJob, *, log: Callable[[str], None] = print) -> RunDir:
     """Run (or resume) every stage of ``job``; returns the finished run directory."""
-    backend = LlmBackend(job, log)
-    preflight(job.prune, backend)  # nothing prunable: an error before the directory exists
-    run = open_run(job)
-    log(f"run directory: {run.root}")
-    result = execute(job, backend, run, log=log)
-    assert result is not None
-    return result
+    return run_job(job, LlmBackend(job, log), log=log)
 
 
 __all__ = ["STAGES", "LlmBackend", "LlmJob", "TextData", "run_llm", "run_llm_config"]

@@ -29,7 +29,7 @@ from prunefx.errors import PrunefxError, UntrustedFileError
 from prunefx.metrics import Deployment
 from prunefx.pipeline.run_config import RUN_KEYS, ConfigError, PruneSpec, RunOptions, StageSpec, check_keys
 from prunefx.pipeline.rundir import RunDir
-from prunefx.pipeline.runner import STAGES, WIDTH_ONLY, Job, ModelRole, Start, Trained, execute, open_run, preflight
+from prunefx.pipeline.runner import STAGES, WIDTH_ONLY, Job, ModelRole, Start, Trained, run_job
 from prunefx.train.distributed import LOCAL
 from prunefx.train.sparsity import SparsityConfig
 
@@ -447,11 +447,7 @@ def run_yolo(job: YoloJob, *, log: Callable[[str], None] = print) -> RunDir:
     from prunefx.integrations.ultralytics.io import ultralytics_loading
 
     with ultralytics_loading(trust_checkpoint=job.trust):  # YOLO(path).val(), the trainers' yaml builds
-        backend = YoloBackend(job, log)
-        preflight(job.prune, backend)
-        run = open_run(job)
-        log(f"run directory: {run.root}")
-        return execute(job, backend, run, log=log)
+        return run_job(job, YoloBackend(job, log), log=log)
 
 
 __all__ = ["STAGES", "YoloBackend", "YoloJob", "evaluate_yolo", "resolve_data", "run_yolo", "ultralytics_keys"]

@@ -128,11 +128,27 @@ def _native_encoder_layer(
     return 2 * (_attention_macs(src, src) + ffn + 2 * 4 * src.numel())
 
 
+def grouped_mm_flops(mat_a: Any, mat_b: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+    """FLOPs of ``torch._grouped_mm``: every output element is a K-long dot product; a 2-D x 2-D call groups K,
+    so its G outputs of (M, N) together sum one M x N x K product."""
+    k = mat_a[-1]
+    out = math.prod(out_shape) if len(mat_a) != 2 or len(mat_b) != 2 else math.prod(out_shape[-2:])
+    return 2 * out * k
+
+
 _ATTENTION_FORMULAS: dict[Any, Callable[..., int]] = {
     aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa,
     aten._native_multi_head_attention: _native_mha,
     aten._transformer_encoder_layer_fwd: _native_encoder_layer,
+    aten._grouped_mm: grouped_mm_flops,  # a mixture of experts' dispatch; FlopCounterMode has no formula for it
 }
+_REGISTERED: dict[Any, Callable[..., int]] = {}  # register_flops: a library's own ops
+
+
+def register_flops(op: Any, formula: Callable[..., int]) -> None:
+    """Count ``op`` (an op overload packet) with ``formula(*arg shapes, out_shape=..., **kwargs) -> FLOPs``, as
+    FlopCounterMode's ``custom_mapping`` takes it (a library's custom op that runs opaque to the counter)."""
+    _REGISTERED[op] = formula
 
 
 @dataclass(frozen=True)
@@ -190,7 +206,7 @@ def _count(model: nn.Module, run: Callable[[], Any]) -> tuple[Any, set[Any]]:
     # Imported here: torch.utils.flop_counter pulls in triton (~1 s), which `import prunefx` should not pay.
     from torch.utils.flop_counter import FlopCounterMode
 
-    counter = FlopCounterMode(display=False, custom_mapping={**_NORM_FORMULAS, **_ATTENTION_FORMULAS})
+    counter = FlopCounterMode(display=False, custom_mapping={**_NORM_FORMULAS, **_ATTENTION_FORMULAS, **_REGISTERED})
     recorder = _OpRecorder()
     # The recorder is entered first so it sits below the counter: it sees the ops the counter
     # finally executes, after the counter's own decompositions.

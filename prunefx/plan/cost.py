@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import torch.fx as fx
@@ -129,7 +130,18 @@ def _own_macs(model: nn.Module, per_module: dict[str, int]) -> dict[str, float]:
     return own
 
 
-_CONTRACTIONS = {"linear", "addmm", "mm", "bmm", "matmul", "conv1d", "conv2d", "conv3d", "scaled_dot_product_attention"}
+_GROUPED = {"_grouped_mm", "grouped_mm_fallback"}  # (S, K) x (E, K, N): a mixture of experts' dispatch
+_CONTRACTIONS = {"linear", "addmm", "mm", "bmm", "matmul", "conv1d", "conv2d", "conv3d", "scaled_dot_product_attention",
+                 *_GROUPED}
+_VIEWS = {"transpose", "t", "permute", "view", "reshape", "contiguous", "_to_copy", "alias"}
+
+
+def _through_views(node: Any) -> Any:
+    """The node a weight argument reads through views and copies (a stacked expert weight transposed)."""
+    while isinstance(node, fx.Node) and node.op == "call_function" and node.args and getattr(
+            getattr(node.target, "overloadpacket", None), "__name__", None) in _VIEWS:
+        node = node.args[0]
+    return node
 
 
 def _weight_dims(mod: nn.Module | None, name: str, records: dict[RecordKey, object]) -> list[RecordKey]:
@@ -167,6 +179,8 @@ def graph_macs(dg: DependencyGraph) -> tuple[float, dict[str, float]]:
             macs, weight = n_out * shapes[1][-1], node.args[2]
         elif name.startswith("conv"):
             macs, weight = n_out * math.prod(shapes[1][1:]), node.args[1]
+        elif name in _GROUPED:  # each row meets one group's (K, N) matrix
+            macs, weight = n_out * shapes[0][-1], _through_views(node.args[1])
         elif name == "scaled_dot_product_attention":  # q.k^T and attn.v
             q, k = shapes[0], shapes[1]
             macs, weight = 2 * math.prod(q[:-1]) * k[-2] * q[-1], None

@@ -66,13 +66,15 @@ def _override(dg: DependencyGraph, gid: int, cfg: PlanConfig) -> float | None:
 
 def layer_ties(dg: DependencyGraph) -> list[tuple[tuple[int, ...], str]]:
     """Prunable groups that play the same role in repeated layers, as equal-count ties: their module members have
-    the same names once layer indices are masked (``model.layers.3.mlp.up_proj`` -> ``model.layers.#.mlp.up_proj``)
+    (or parameter) members have the same names once layer indices are masked (``model.layers.3.mlp.up_proj`` ->
+    ``model.layers.#.mlp.up_proj``)
     and they have as many channels. ``PlanConfig(uniform_layers=True)`` keeps them equally wide."""
     by_key: dict[tuple, list[int]] = {}
     for g in dg.groups:
         if not g.prunable:
             continue
-        names = {(_LAYER_INDEX.sub("#", m.name), str(m.role)) for m in g.members if m.kind is Kind.MODULE}
+        # parameters too: a stacked expert weight read by the graph has no module of its own
+        names = {(_LAYER_INDEX.sub("#", m.name), str(m.role)) for m in g.members if m.kind in (Kind.MODULE, Kind.PARAM)}
         if any("#" in n for n, _ in names):
             by_key.setdefault((tuple(sorted(names)), g.channels), []).append(g.id)
     return [(tuple(ids), "uniform_layers: the same role in every layer") for ids in by_key.values() if len(ids) > 1]

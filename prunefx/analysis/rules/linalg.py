@@ -48,6 +48,33 @@ def matmul(ctx: Ctx) -> Lab:
     return Lab(dims)
 
 
+_GROUPED_MM = tuple(op for op in (getattr(F, "grouped_mm", None), getattr(torch, "_grouped_mm", None),
+                                  getattr(torch.ops.aten, "_grouped_mm", None)) if op is not None)
+
+
+@register_rule(*_GROUPED_MM)
+def grouped_mm(ctx: Ctx) -> Lab:
+    """``grouped_mm(x (S, K), w (E, K, N), offs)``: the rows of x sorted by group, row s multiplied by its group's
+    ``w[e]`` (a mixture of experts' dispatch); K is summed over (x's columns with w's dim 1), N is w's dim 2 (the
+    bias ``(E, N)`` with it). The group dim is no channel here (experts leave by :func:`prune_experts`)."""
+    x, w = ctx.args[0], ctx.args[1]
+    bias = ctx.arg(3, "bias")
+    lx, lw = ctx.lab(x), ctx.lab(w)
+    if lx.ndim != 2 or lw.ndim != 3:  # the batched and K-grouped forms: not yet
+        ctx.freeze([lx, lw], f"grouped matmul of a {lx.ndim}-D by a {lw.ndim}-D operand")
+        return Lab.none(ctx.out.dim())
+    _contract(ctx, lx.dims[1], lw.dims[1])
+    if lw.dims[0] is not None:
+        ctx.freeze(lw.dims[0], "the group (expert) dim of a grouped matmul")
+    out = lw.dims[2]
+    if bias is not None and ctx.is_tensor(bias):
+        lb = ctx.lab(bias)
+        if lb.dims[0] is not None:
+            ctx.freeze(lb.dims[0], "the group (expert) dim of a grouped matmul")
+        _contract(ctx, out, lb.dims[1])
+    return Lab((lx.dims[0], out))
+
+
 @register_rule(F.linear)
 def linear_fn(ctx: Ctx) -> Lab:
     x, w, b = ctx.arg(0, "input"), ctx.arg(1, "weight"), ctx.arg(2, "bias")

@@ -15,6 +15,7 @@ from torch import nn
 from prunefx.api import PruneResult
 from prunefx.api import prune as _prune
 from prunefx.errors import PrunefxError
+from prunefx.integrations.transformers.layouts import adopt_attention, expert_width
 from prunefx.integrations.transformers.pretrained import (
     check_config,
     derived_config,
@@ -50,18 +51,36 @@ def prune(
     VLM's vision tower and projector keep their shapes (only the language model is cut)."""
     config = config or PlanConfig(ratio=0.3)
     own_config(model)  # the widths are written into model.config: not into a config object other models share
+    adopt_attention(model)  # before head_widths: a Llama-like attention class of another name has its layout
     stream = () if hidden else stream_patterns(model)
     if language_model_only:
         stream = (*stream, *language_model(model)[1])
     # head counts the config can write (Llama: hidden_size % heads == 0), so the user's save_pretrained works
     config = replace(config, ignore=(*config.ignore, *stream), uniform_layers=True,
-                     allowed_widths=(*config.allowed_widths, *head_widths(model)))
+                     allowed_widths=(*config.allowed_widths, *head_widths(model), *expert_widths(model)))
     with warnings.catch_warnings():  # a base model's stream is its output, frozen already: nothing to ignore
         for pattern in stream:
             warnings.filterwarnings("ignore", message=f"ignore pattern {re.escape(repr(pattern))} matches no module")
         result = _prune(model, example_inputs, config, criterion=criterion, **kwargs)
     said = update_config(result.model)
     return replace(result, warnings=(*result.warnings, said)) if said else result
+
+
+EXPERT_WIDTH_STEP = 8  # stacked expert weights run through grouped_mm, whose kernels want 16-byte rows (bf16: 8)
+
+
+def expert_widths(model: nn.Module) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """``PlanConfig.allowed_widths`` of the experts' FFN widths: multiples of :data:`EXPERT_WIDTH_STEP` (or all of
+    it), so the pruned experts still run through ``grouped_mm`` (torch's kernel refuses other row strides)."""
+    from prunefx.integrations.transformers.experts import moe_layers
+
+    out = []
+    for layer in moe_layers(model):
+        width = expert_width(model.get_submodule(layer.experts))
+        if width:
+            steps = (*range(EXPERT_WIDTH_STEP, width, EXPERT_WIDTH_STEP), width)
+            out.append((f"{layer.experts}.*", steps))
+    return tuple(out)
 
 
 def update_config(model: nn.Module) -> str | None:

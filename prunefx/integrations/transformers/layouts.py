@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 
 
@@ -46,6 +47,14 @@ def attention_widths(m: nn.Module, layout: AttentionLayout) -> tuple[int, int, i
     else:
         q, k = _out_width(m.get_submodule(layout.q)), _out_width(m.get_submodule(layout.k))
     return q // hd, k // hd, hd
+
+
+def expert_width(experts: nn.Module) -> int | None:
+    """The FFN width of each expert of a stacked experts module: ``down_proj``'s input dim (None: no such weight)."""
+    down = getattr(experts, "down_proj", None)
+    if not isinstance(down, torch.Tensor) or down.dim() != 3:
+        return None
+    return int(down.shape[-2] if getattr(experts, "is_transposed", False) else down.shape[-1])
 
 
 def rewrite_attributes(m: nn.Module, layout: AttentionLayout) -> None:
@@ -95,6 +104,31 @@ def layout_of(module: nn.Module) -> AttentionLayout | None:
         if layout is not None:
             return layout
     return None
+
+
+def llama_like(module: nn.Module) -> bool:
+    """Whether ``module`` is built as Llama's attention is: ``q_proj``, ``k_proj``, ``v_proj``, ``o_proj`` linear
+    children, an int ``head_dim`` and ``num_key_value_groups`` (its views use -1 for the head count). transformers
+    writes most families this way (Qwen 3, Gemma 2 / 3, OLMo, Mixtral, ...), each under its own class name."""
+    if not all(isinstance(getattr(module, p, None), nn.Linear) for p in ("q_proj", "k_proj", "v_proj", "o_proj")):
+        return False
+    return all(type(getattr(module, a, None)) is int for a in ("head_dim", "num_key_value_groups"))
+
+
+def install_layout(cls: type, layout: AttentionLayout) -> None:
+    """Register ``layout`` for ``cls``: its fixer re-derives the head attributes and owns its forward's literals."""
+    from prunefx.transform.fixers import register_fixer
+
+    LAYOUTS[f"{cls.__module__}.{cls.__qualname__}"] = layout
+    register_fixer(cls, literals=True)(lambda m, widths, layout=layout: rewrite_attributes(m, layout))
+
+
+def adopt_attention(model: nn.Module) -> None:
+    """Give every Llama-like attention class of ``model`` without a layout the Llama layout; the oracle still
+    checks every plan through it, so a class whose forward reads another head attribute fails there."""
+    for m in model.modules():
+        if layout_of(m) is None and llama_like(m):
+            install_layout(type(m), _LLAMA)
 
 
 def attention_classes() -> dict[type, AttentionLayout]:

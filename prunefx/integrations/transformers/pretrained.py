@@ -21,7 +21,7 @@ from torch import nn
 
 from prunefx._io import storage_error
 from prunefx.errors import PrunefxError
-from prunefx.integrations.transformers.layouts import attention_widths, layout_of
+from prunefx.integrations.transformers.layouts import attention_widths, expert_width, layout_of
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,7 @@ class ConfigFields:
     kv_heads: str | None = None
     head_dim: str | None = None
     mlp: tuple[str, ...] = ()  # the MLP's first projection(s), by child name: its out width is the intermediate size
+    experts: str | None = None  # the stacked experts' FFN width (MoE), read from their down_proj
 
 
 _LLAMA = ConfigFields(kv_heads="num_key_value_heads", head_dim="head_dim", mlp=("gate_proj", "up_proj", "fc1"))
@@ -49,6 +50,25 @@ FIELDS: dict[str, ConfigFields] = {
         hidden="d_model", intermediate="encoder_ffn_dim", heads="encoder_attention_heads", mlp=("fc1",)
     ),
 }  # fmt: skip
+
+
+def fields_for(cfg) -> ConfigFields | None:
+    """The width fields of ``cfg``: a known family's, else those of a config laid out as Llama's is
+    (``hidden_size``, ``num_attention_heads``, ``num_key_value_heads``, ``head_dim``, ``intermediate_size``; MoE:
+    ``moe_intermediate_size`` or ``intermediate_size`` for the experts). None for a config that says otherwise
+    (a shared expert's own width field)."""
+    known = FIELDS.get(getattr(cfg, "model_type", None))
+    if known is not None:
+        return known
+    names = vars(cfg)
+    if not {"hidden_size", "num_attention_heads", "num_key_value_heads"} <= set(names) or any(
+            "shared_expert" in k for k in names):
+        return None
+    moe = any(k in names for k in ("num_experts", "num_local_experts", "n_routed_experts"))
+    experts = ("moe_intermediate_size" if "moe_intermediate_size" in names else "intermediate_size") if moe else None
+    return ConfigFields(kv_heads="num_key_value_heads", head_dim="head_dim" if names.get("head_dim") else None,
+                        intermediate="intermediate_size" if "intermediate_size" in names else None,
+                        mlp=("gate_proj", "up_proj", "fc1"), experts=experts)
 
 
 def _out_width(m: nn.Module) -> int:
@@ -93,10 +113,10 @@ def derived_config(model: nn.Module):
     """A copy of ``model.config`` whose width fields are the pruned model's (one value each, else an error); for a
     VLM whose own config has no width fields, its text config's, read from the language model's modules."""
     cfg = copy.deepcopy(model.config)
-    target, fields, scope = cfg, FIELDS.get(cfg.model_type), ""
+    target, fields, scope = cfg, fields_for(cfg), ""
     text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-    if fields is None and text is not cfg and FIELDS.get(text.model_type):  # a VLM: the language model's widths
-        target, fields, scope = text, FIELDS[text.model_type], language_model(model)[0] + "."
+    if fields is None and text is not cfg and fields_for(text):  # a VLM: the language model's widths
+        target, fields, scope = text, fields_for(text), language_model(model)[0] + "."
     if fields is None:
         raise PrunefxError(
             f"prunefx knows no config fields for model_type {cfg.model_type!r}; save with prunefx.save(model, plan, "
@@ -117,6 +137,9 @@ def derived_config(model: nn.Module):
         is_mlp = any(name == p or name.endswith("." + p) for p in fields.mlp)
         if fields.intermediate and is_mlp and hasattr(m, "weight"):
             seen.setdefault(fields.intermediate, set()).add(_out_width(m))
+        width = expert_width(m) if fields.experts else None
+        if width is not None:
+            seen.setdefault(fields.experts, set()).add(width)
     hidden = stream_width(model)
     if hidden is not None:
         seen[fields.hidden] = {hidden}
@@ -169,10 +192,10 @@ def head_widths(model: nn.Module) -> tuple[tuple[str, tuple[int, ...]], ...]:
     validation and, for a family that derives head_dim from hidden_size / heads, still gives the heads' width.
     """
     base = getattr(model, "config", None)
-    fields, scope = FIELDS.get(getattr(base, "model_type", None)), ""
+    fields, scope = fields_for(base) if base is not None else None, ""
     text = base.get_text_config() if hasattr(base, "get_text_config") else base
-    if fields is None and text is not base and FIELDS.get(text.model_type):  # a VLM: its language model's heads
-        base, fields, scope = text, FIELDS[text.model_type], language_model(model)[0] + "."
+    if fields is None and text is not base and fields_for(text):  # a VLM: its language model's heads
+        base, fields, scope = text, fields_for(text), language_model(model)[0] + "."
     if fields is None:
         return ()
     known: dict[tuple[int, int, int], tuple[int, ...]] = {}

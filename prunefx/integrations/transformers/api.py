@@ -72,14 +72,11 @@ EXPERT_WIDTH_STEP = 8  # stacked expert weights run through grouped_mm, whose ke
 def expert_widths(model: nn.Module) -> tuple[tuple[str, tuple[int, ...]], ...]:
     """``PlanConfig.allowed_widths`` of the experts' FFN widths: multiples of :data:`EXPERT_WIDTH_STEP` (or all of
     it), so the pruned experts still run through ``grouped_mm`` (torch's kernel refuses other row strides)."""
-    from prunefx.integrations.transformers.experts import moe_layers
-
     out = []
-    for layer in moe_layers(model):
-        width = expert_width(model.get_submodule(layer.experts))
+    for name, m in model.named_modules():  # a stacked experts module: it counts its experts and has a down_proj
+        width = expert_width(m) if isinstance(getattr(m, "num_experts", None), int) else None
         if width:
-            steps = (*range(EXPERT_WIDTH_STEP, width, EXPERT_WIDTH_STEP), width)
-            out.append((f"{layer.experts}.*", steps))
+            out.append((f"{name}.*", (*range(EXPERT_WIDTH_STEP, width, EXPERT_WIDTH_STEP), width)))
     return tuple(out)
 
 

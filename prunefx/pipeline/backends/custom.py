@@ -71,14 +71,7 @@ class CustomJob(Job):
         for key in ("model", "data", "metric"):
             if not isinstance(config.get(key), str) or ":" not in config[key]:
                 raise ConfigError(f"{key} must name a function as package.module:function, got {config.get(key)!r}")
-        block = dict(config.get("prune") or {})
-        finetune = dict(block.get("finetune") or {})
-        for key in ("sparsity", "controls"):
-            if block.get(key):
-                raise ConfigError(f"prune.{key} trains from scratch, which a custom task does not (the model comes "
-                                  f"trained); remove prune.{key}")
-        distill = finetune.get("distill", True)
-        spec = PruneSpec.parse({**block, "finetune": {**finetune, "distill": distill}}, train_keys=FINETUNE_KEYS)
+        spec, distill = cls.recovery_spec(config, "a custom task")
         if not distill and config.get("task_loss") is None:
             raise ConfigError("prune.finetune.distill is false and no task_loss is given: nothing to recover with; "
                               "set distill: true or name a task_loss")
@@ -89,6 +82,21 @@ class CustomJob(Job):
                         stages=STAGES)
         job.recover_config()  # the finetune block's keys are RecoverConfig's: checked now, not after the cut
         return job
+
+    @staticmethod
+    def recovery_spec(config: Mapping[str, Any], what: str, **defaults: Any) -> tuple[PruneSpec, bool]:
+        """The ``prune:`` block of a task whose model comes trained (nothing from scratch: no sparsity, no
+        controls), its fine-tuning a recovery that distills unless told ``distill: false``; and that flag."""
+        block = dict(config.get("prune") or {})
+        finetune = dict(block.get("finetune") or {})
+        for key in ("sparsity", "controls"):
+            if block.get(key):
+                raise ConfigError(f"prune.{key} trains from scratch, which {what} does not (the model comes "
+                                  f"trained); remove prune.{key}")
+        distill = finetune.get("distill", True)
+        spec = PruneSpec.parse({**defaults, **block, "finetune": {**finetune, "distill": distill}},
+                               train_keys=FINETUNE_KEYS)
+        return spec, bool(distill)
 
     def check_inputs(self) -> None:
         for key in _CALLABLES:

@@ -39,8 +39,8 @@ from torch import nn
 
 from prunefx.data.text import mean_loss, next_token_loss, shifted_loss, windows
 from prunefx.errors import PrunefxError
-from prunefx.pipeline.backends.custom import FINETUNE_KEYS, CustomBackend, CustomJob
-from prunefx.pipeline.run_config import RUN_KEYS, ConfigError, PruneSpec, check_keys
+from prunefx.pipeline.backends.custom import CustomBackend, CustomJob
+from prunefx.pipeline.run_config import RUN_KEYS, ConfigError, check_keys
 from prunefx.pipeline.rundir import RunDir
 from prunefx.pipeline.runner import Cuts, ModelRole, imported_on_call, run_job
 
@@ -92,15 +92,7 @@ class LlmJob(CustomJob):
         if not isinstance(text, (list, tuple)) or not all(isinstance(t, str) for t in text):
             raise ConfigError(f"text must be a path, a list of paths or {STDLIB!r}, got {text!r}")
         data = TextData(text=tuple(text), **{k: config[k] for k in DATA_KEYS[1:] if k in config})
-        block = dict(config.get("prune") or {})
-        finetune = dict(block.get("finetune") or {})
-        for key in ("sparsity", "controls"):
-            if block.get(key):
-                raise ConfigError(f"prune.{key} trains from scratch, which the llm task does not (the model comes "
-                                  f"trained); remove prune.{key}")
-        distill = finetune.get("distill", True)
-        spec = PruneSpec.parse({"criterion": "l2", **block, "finetune": {**finetune, "distill": distill}},
-                               train_keys=FINETUNE_KEYS)
+        spec, distill = cls.recovery_spec(config, "the llm task", criterion="l2")
         trust = config.get("trust_code", False)
         if not isinstance(trust, bool):
             raise ConfigError(f"trust_code must be true or false, got {trust!r}")

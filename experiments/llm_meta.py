@@ -1,6 +1,6 @@
-"""Analysis of 1B / 3B / 7B Llama-architecture configs on the meta device, prunefx vs Torch-Pruning.
+"""Analysis of 1B / 3B / 7B / 70B Llama-architecture configs on the meta device, prunefx vs Torch-Pruning.
 
-    python -m experiments.llm_meta                      # 1b, 3b, 7b; Torch-Pruning where memory allows
+    python -m experiments.llm_meta                      # 1b, 3b, 7b, 70b; Torch-Pruning where memory allows
     python -m experiments.llm_meta --sizes 1b --quick   # smoke test: 2 layers of the 1B config
 
 Each measurement runs in a fresh subprocess (peak RSS is that process's ``ru_maxrss``, imports included),
@@ -35,6 +35,9 @@ CONFIGS = {
                num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=True),
     "7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
                num_key_value_heads=32, vocab_size=32000),
+    # Llama-2-70B (GQA: 8 KV heads)
+    "70b": dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
+                num_key_value_heads=8, vocab_size=32000),
 }
 # analysis_s: prunefx.analyze (export + rules + groups) / Torch-Pruning's build_dependency; next_s: prunefx's plan to
 # a params target + the pruned config / Torch-Pruning's get_all_groups. cpu_s: CPU time of the analysis (the machine
@@ -147,7 +150,7 @@ def _run(tool: str, size: str, quick: bool, timeout: float) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", default="1b,3b,7b")
+    ap.add_argument("--sizes", default="1b,3b,7b,70b")
     ap.add_argument("--quick", action="store_true", help="2 layers of each config (smoke test)")
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--tp", action=argparse.BooleanOptionalAction, default=True, help="also run Torch-Pruning")

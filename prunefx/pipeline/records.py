@@ -120,6 +120,8 @@ class PruneDone:
     sensitivity: Mapping[str, Any] | None = None
     # prune.depth: the blocks removed before the width cut, their scores, the depth oracle, the width cut's target
     depth: Mapping[str, Any] | None = None
+    # prune.experts (llm task): the experts each MoE layer kept, the expert oracle, active parameters before/after
+    experts: Mapping[str, Any] | None = None
     metrics: Row
 
 

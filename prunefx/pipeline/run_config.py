@@ -181,6 +181,24 @@ class DepthSpec:
             check_keys([self.criterion], DEPTH_CRITERIA, "criterion", what="value")
 
 
+EXPERT_CRITERIA = ("contribution", "reap", "frequency")  # prunefx.integrations.transformers.prune_experts'
+
+
+@dataclass(frozen=True)
+class ExpertSpec:
+    """``prune.experts``: whole experts removed from every MoE layer first (the llm task)."""
+
+    keep: float = 1.0  # fraction of each layer's experts kept (1: no expert cut)
+    criterion: str = "contribution"  # EXPERT_CRITERIA
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        if not 0 < self.keep <= 1:
+            raise ConfigError(f"prune.experts.keep must be a fraction in (0, 1] of the experts, got {self.keep}")
+        if self.criterion not in EXPERT_CRITERIA:
+            check_keys([self.criterion], EXPERT_CRITERIA, "criterion", what="value")
+
+
 @dataclass(frozen=True)
 class PruneSpec:
     """The ``prune:`` block of a pipeline config, validated: what to prune to, and the stages around the cut."""
@@ -198,6 +216,7 @@ class PruneSpec:
     latency_max_s: float = 120.0
     steps: int = 1  # cuts that reach the target, re-scoring between them (prunefx.prune(steps=))
     depth: DepthSpec = DepthSpec()  # blocks removed before the width cut (prunefx.prune_depth)
+    experts: ExpertSpec = ExpertSpec()  # MoE experts removed first (the llm task)
 
     def __post_init__(self) -> None:
         if self.criterion not in CRITERIA:
@@ -225,8 +244,8 @@ class PruneSpec:
         if not isinstance(block, Mapping):
             raise ConfigError(f"prune must be a block of keys (criterion, target, ...), got {block!r}")
         plan_keys = [k for k in field_names(PlanConfig) if k not in TARGETS]
-        own = [k for k in field_names(cls) if k not in ("plan", "sparsity", "finetune", "depth")]
-        check_keys(block, [*own, *plan_keys, "target", "sparsity", "finetune", "depth"], "prune")
+        own = [k for k in field_names(cls) if k not in ("plan", "sparsity", "finetune", "depth", "experts")]
+        check_keys(block, [*own, *plan_keys, "target", "sparsity", "finetune", "depth", "experts"], "prune")
         target = block.get("target")
         if isinstance(target, (int, float)) and not isinstance(target, bool):
             target = {"flops": target}  # a bare number is the FLOPs fraction kept
@@ -243,7 +262,8 @@ class PruneSpec:
             "plan": from_dict(PlanConfig, plan, "prune"),
             "sparsity": _stage(block.get("sparsity"), "prune.sparsity", train_keys, sparsity=True),
             "finetune": _stage(block.get("finetune"), "prune.finetune", train_keys, sparsity=False),
-            "depth": _depth(block.get("depth")),
+            "depth": _block(DepthSpec, block.get("depth"), "prune.depth"),
+            "experts": _block(ExpertSpec, block.get("experts"), "prune.experts"),
         }, "prune")
 
     @property
@@ -254,7 +274,7 @@ class PruneSpec:
         """The ``prune:`` block as YAML writes it: ``PruneSpec.parse(spec.to_dict(), ...) == spec``."""
         plan = {k: v for k, v in to_dict(self.plan).items() if k not in TARGETS}
         own = {k: list(v) if isinstance(v := getattr(self, k), tuple) else v
-               for k in field_names(type(self)) if k not in ("plan", "sparsity", "finetune", "depth")}
+               for k in field_names(type(self)) if k not in ("plan", "sparsity", "finetune", "depth", "experts")}
         sp = self.sparsity
         return {
             **own,
@@ -263,16 +283,17 @@ class PruneSpec:
             "sparsity": {"epochs": sp.epochs, "start": sp.start, **to_dict(sp.config), **sp.overrides},
             "finetune": {"epochs": self.finetune.epochs, **_distill_keys(self.finetune), **self.finetune.overrides},
             "depth": to_dict(self.depth),
+            "experts": to_dict(self.experts),
         }
 
 
-def _depth(block: Any) -> DepthSpec:
-    """The ``prune.depth`` block (absent: no depth cut)."""
+def _block(cls: type, block: Any, where: str) -> Any:
+    """A block of ``cls``'s keys (absent: its defaults, no cut)."""
     if block is None:
-        return DepthSpec()
+        return cls()
     if not isinstance(block, Mapping):
-        raise ConfigError(f"prune.depth must be a block of keys (remove, criterion, iterative), got {block!r}")
-    return from_dict(DepthSpec, block, "prune.depth")
+        raise ConfigError(f"{where} must be a block of keys ({', '.join(field_names(cls))}), got {block!r}")
+    return from_dict(cls, block, where)
 
 
 def _distill_keys(ft: FinetuneStage) -> dict[str, Any]:
@@ -309,6 +330,8 @@ __all__ = [
     "TARGETS",
     "ConfigError",
     "DepthSpec",
+    "EXPERT_CRITERIA",
+    "ExpertSpec",
     "FinetuneStage",
     "PruneSpec",
     "RunOptions",

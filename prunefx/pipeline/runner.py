@@ -98,6 +98,8 @@ class Cuts:
     width: Callable[..., Any] = imported_on_call("prunefx:prune")
     depth: Callable[..., Any] | None = None
     before_refit: bool = False
+    # pfx_hf.prune_experts' signature: whole MoE experts removed first (None: prune.experts is refused)
+    experts: Callable[..., Any] | None = None
 
 
 WIDTH_ONLY = Cuts()
@@ -223,6 +225,9 @@ def preflight(spec: PruneSpec, backend: Backend) -> None:
     if spec.depth.remove and backend.cuts.depth is None:
         raise ConfigError(f"prune.depth: the pipeline of {backend.name} cannot save a depth-pruned model yet (the "
                           "custom and llm tasks can); remove prune.depth")
+    if spec.experts.keep < 1 and backend.cuts.experts is None:
+        raise ConfigError(f"prune.experts: the pipeline of {backend.name} does not remove MoE experts (the llm task "
+                          "does); remove prune.experts")
     dg = analyze(backend.architecture(), backend.example_inputs())
     ones = {g.id: np.ones(g.channels) for g in dg.groups if g.prunable}
     # Which groups may be pruned does not depend on the target or the rounding: a plain ratio plan tells.
@@ -232,7 +237,7 @@ def preflight(spec: PruneSpec, backend: Backend) -> None:
     reason = nothing_to_prune(dg, plan, backend.name)
     if reason:
         raise ConfigError(reason)
-    if spec.refit or spec.plan.scope == "sensitivity" or spec.depth.remove:
+    if spec.refit or spec.plan.scope == "sensitivity" or spec.depth.remove or spec.experts.keep < 1:
         backend.calibration(1)  # a backend without data refuses prune.refit / scope sensitivity now, before training
 
 
@@ -403,9 +408,15 @@ def _prune(ctx: _Ctx) -> PruneDone:
     kwargs = b.score_kwargs(spec.criterion)
     if spec.refit or spec.plan.scope == "sensitivity":  # taylor's labelled batches serve these too: passed once
         kwargs.setdefault("calibration", b.calibration(CALIBRATION_BATCHES))
-    depth, config = None, spec.plan
-    if spec.depth.remove:
-        depth, config = _cut_depth(ctx, model)
+    depth, experts, config = None, None, spec.plan
+    if spec.depth.remove or spec.experts.keep < 1:
+        from prunefx.metrics import measure
+
+        before = measure(model, b.example_inputs())
+        experts = _cut_experts(ctx, model) if spec.experts.keep < 1 else None
+        depth = _cut_depth(ctx, model) if spec.depth.remove else None
+        config, restated = _width_config(ctx, before, measure(model, b.example_inputs()))
+        (depth.record if depth is not None else experts).update(restated)
     cut: dict[str, float] = {}  # the metrics right after the cut, before the re-fit changes the weights
     if spec.refit and spec.steps == 1 and b.cuts.before_refit:
         def measure_cut(pruned: nn.Module) -> None:
@@ -463,6 +474,7 @@ def _prune(ctx: _Ctx) -> PruneDone:
         refit=None if result.refit is None else {**result.refit.to_dict(), "calibration": b.calibration_source,
                                                  **({"metrics_before": cut} if cut else {})},
         depth=None if depth is None else depth.record,
+        experts=experts,
         sensitivity=({**result.sensitivity.to_dict(), "calibration": b.calibration_source}
                      if result.sensitivity is not None else None),
         metrics=b.evaluate("pruned", result.model, alone=True),  # only rank 0 runs this stage
@@ -475,33 +487,47 @@ class _DepthCut:
     record: dict[str, Any]  # PruneDone.depth
 
 
-def _cut_depth(ctx: _Ctx, model: nn.Module) -> tuple[_DepthCut, PlanConfig]:
-    """Remove ``prune.depth.remove`` blocks of ``model`` in place (checked by the depth oracle), and the width
-    plan's config: the target, a fraction of the model before the depth cut, restated for the model after it."""
-    from prunefx.metrics import measure
-
+def _cut_depth(ctx: _Ctx, model: nn.Module) -> _DepthCut:
+    """Remove ``prune.depth.remove`` blocks of ``model`` in place, checked by the depth oracle."""
     spec, b = ctx.job.prune, ctx.backend
     d = spec.depth
     assert b.cuts.depth is not None  # preflight refused prune.depth otherwise
-    x = b.example_inputs()
-    before = measure(model, x)
     result = b.cuts.depth(model, b.prune_inputs(), remove=d.remove, criterion=d.criterion, iterative=d.iterative,
                           calibration=b.calibration(CALIBRATION_BATCHES), check=spec.verify)
-    after = measure(model, x)
+    verify = result.verified.message if result.verified is not None else "skipped (prune.verify=false)"
+    ctx.log(f"  depth: removed {', '.join(result.plan.remove)} ({d.criterion}); verify: {verify}")
+    record = {"removed": list(result.plan.remove), "criterion": result.plan.criterion,
+              "scores": {p: s for p, s in result.plan.scores}, "verify": verify, "warnings": list(result.warnings)}
+    return _DepthCut(result.plan, record)
+
+
+def _cut_experts(ctx: _Ctx, model: nn.Module) -> dict[str, Any]:
+    """Remove ``1 - prune.experts.keep`` of every MoE layer's experts in place, checked by the expert oracle."""
+    spec, b = ctx.job.prune, ctx.backend
+    e = spec.experts
+    assert b.cuts.experts is not None  # preflight refused prune.experts otherwise
+    result = b.cuts.experts(model, b.calibration(CALIBRATION_BATCHES), keep=e.keep, criterion=e.criterion,
+                            check=spec.verify)
+    verify = result.verified.message if result.verified is not None else "skipped (prune.verify=false)"
+    kept = {path: list(k) for path, k in result.plan.keep}
+    ctx.log(f"  experts: {len(next(iter(kept.values()), []))} kept per MoE layer ({e.criterion}); verify: {verify}")
+    return {"kept": kept, "criterion": e.criterion, "active_params": list(result.active_params), "verify": verify,
+            "warnings": list(result.warnings)}
+
+
+def _width_config(ctx: _Ctx, before: Any, after: Any) -> tuple[PlanConfig, dict[str, Any]]:
+    """The width plan's config after the expert / depth cuts: the target, a fraction of the model given, restated
+    for the model they left; and what they kept."""
+    spec = ctx.job.prune
     ((key, value),) = spec.target.items()
     kept = {"params": after.params / before.params, "flops": after.macs / before.macs}
     width = value if key == "ratio" else value / kept[key]
     if key != "ratio" and width >= 1.0:
-        raise ConfigError(f"prune.depth.remove={d.remove} alone keeps {kept[key]:.3f} of the {key}, at or under the "
-                          f"target prune.target.{key}={value:g}, leaving the width cut nothing to do; remove fewer "
-                          "blocks or lower the target")
-    verify = result.verified.message if result.verified is not None else "skipped (prune.verify=false)"
-    ctx.log(f"  depth: removed {', '.join(result.plan.remove)} ({d.criterion}); verify: {verify}")
-    record = {"removed": list(result.plan.remove), "criterion": result.plan.criterion,
-              "scores": {p: s for p, s in result.plan.scores}, "params_kept": kept["params"],
-              "macs_kept": kept["flops"], "verify": verify, "width_target": {key: width},
-              "warnings": list(result.warnings)}
-    return _DepthCut(result.plan, record), replace(spec.plan, **{key: width})
+        raise ConfigError(f"prune.depth / prune.experts alone keep {kept[key]:.3f} of the {key}, at or under the "
+                          f"target prune.target.{key}={value:g}, leaving the width cut nothing to do; cut fewer "
+                          "blocks or experts, or lower the target")
+    restated = {"params_kept": kept["params"], "macs_kept": kept["flops"], "width_target": {key: width}}
+    return replace(spec.plan, **{key: width}), restated
 
 
 def saved_plans(root: Path) -> Any:
@@ -681,6 +707,7 @@ def _report(ctx: _Ctx) -> ReportDone:
         **({"latency_timing": {"max_seconds": spec.latency_max_s, "rounds": next(iter(timed.values())).rounds,
                                "cut_short": cut}} if timed else {}),
         **({"latency_target": to_dict(pr.latency_target)} if pr.latency_target else {}),
+        **({"experts": dict(pr.experts)} if pr.experts else {}),  # the experts each MoE layer kept, first
         **({"depth": dict(pr.depth)} if pr.depth else {}),  # the blocks the depth cut removed, before the width cut
         **({"refit": dict(pr.refit)} if pr.refit else {}),  # calibration error before/after, per layer
         **({"sensitivity": dict(pr.sensitivity)} if pr.sensitivity else {}),  # per-group damage curves, plotted

@@ -120,7 +120,8 @@ def render_markdown(report: Mapping[str, Any], plots: Sequence[str] = ()) -> str
     lines += ["", "Costs show the relative change vs baseline in parentheses, metrics the absolute change.", ""]
     lines += _timing_line(report.get("timing"))
     settings = report["settings"] if isinstance(report["settings"], Mapping) else {}
-    depth, refit = settings.get("depth"), settings.get("refit")
+    depth, refit, experts = settings.get("depth"), settings.get("refit"), settings.get("experts")
+    lines += [experts_line(experts), ""] if isinstance(experts, Mapping) else []
     lines += [depth_line(depth), ""] if isinstance(depth, Mapping) else []
     lines += [refit_line(refit), ""] if isinstance(refit, Mapping) else []
     lines += _changes_section(stages) + _widths_section(report["widths"]) + _sweep_section(report["sweep"])
@@ -170,14 +171,26 @@ def refit_line(refit: Mapping[str, Any]) -> str:
             f"{applied} re-fitted, {len(skipped)} skipped.{cut}")
 
 
+def experts_line(experts: Mapping[str, Any]) -> str:
+    """One sentence on the expert cut before the others: experts kept per MoE layer, by what, active parameters."""
+    kept = experts.get("kept") or {}
+    per_layer = len(next(iter(kept.values()), []))
+    active = experts.get("active_params") or (0, 0)
+    after = (f"; the cuts before the widths kept {experts['params_kept']:.3f} of the parameters"
+             if "params_kept" in experts else "")
+    return (f"Expert cut first: {per_layer} experts kept in each of {len(kept)} MoE layer(s) by "
+            f"{experts.get('criterion')}, active parameters {active[0]:,} -> {active[1]:,}; checked: "
+            f"{experts.get('verify')}{after}.")
+
+
 def depth_line(depth: Mapping[str, Any]) -> str:
     """One sentence on the depth cut before the width cut: the blocks removed, by what, what they left."""
     removed = depth.get("removed") or ()
     target = ", ".join(f"{k} {v:.4g}" for k, v in (depth.get("width_target") or {}).items())
     return (f"Depth cut before the width cut: {len(removed)} block(s) removed ({', '.join(removed)}) by "
-            f"{depth.get('criterion')}, keeping {depth.get('params_kept', 1.0):.3f} of the parameters and "
-            f"{depth.get('macs_kept', 1.0):.3f} of the MACs; checked: {depth.get('verify')}; the width cut then "
-            f"planned for {target} of the model the depth cut left.")
+            f"{depth.get('criterion')}, the cuts before the widths keeping {depth.get('params_kept', 1.0):.3f} of "
+            f"the parameters and {depth.get('macs_kept', 1.0):.3f} of the MACs; checked: {depth.get('verify')}; "
+            f"the width cut then planned for {target} of the model they left.")
 
 
 def _timing_line(timing: Mapping[str, Any] | None) -> list[str]:

@@ -68,8 +68,9 @@ def test_the_embedded_model_is_cut_in_depth_and_width_refitted_distilled_and_sav
     assert not list((run / "weights").glob(".*"))  # no temp directory left behind
 
 
-def _checkpoint(root: Path, text: str) -> Path:
-    """A random-init 2-layer Llama with its own BPE tokenizer trained on ``text``, as save_pretrained writes them."""
+def _checkpoint(root: Path, text: str, moe: bool = False) -> Path:
+    """A random-init 2-layer Llama (``moe``: Mixtral, 4 experts, top 2) with its own BPE tokenizer trained on
+    ``text``, as save_pretrained writes them."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
@@ -77,12 +78,13 @@ def _checkpoint(root: Path, text: str) -> Path:
     tok.train_from_iterator([text], trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>"]))
     fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>")
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=len(fast), hidden_size=64, intermediate_size=128,
-                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                      max_position_embeddings=64, bos_token_id=None, eos_token_id=None,
-                                      pad_token_id=None)
+    kind = transformers.MixtralConfig if moe else transformers.LlamaConfig
+    config = kind(vocab_size=len(fast), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, bos_token_id=None,
+                  eos_token_id=None, pad_token_id=None, **({"num_local_experts": 4, "num_experts_per_tok": 2}
+                                                          if moe else {}))
     path = root / "ckpt"
-    transformers.LlamaForCausalLM(config).save_pretrained(path)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(path)
     fast.save_pretrained(path)
     return path
 
@@ -119,6 +121,29 @@ def test_a_checkpoint_directory_and_its_own_tokenizer_on_the_users_text(tmp_path
     assert "finetune" not in report["stages"] or state["stages"]["finetune"].get("skipped")
 
 
+def test_a_mixture_of_experts_loses_experts_then_widths_and_reloads(tmp_path: Path) -> None:
+    import inspect
+
+    text = inspect.getsource(json) * 4
+    ckpt = _checkpoint(tmp_path, text, moe=True)
+    (tmp_path / "a.txt").write_text(text)
+    result = _prune(f"model={ckpt}", f"text={tmp_path / 'a.txt'}", f"project={tmp_path}", "name=m", *SMALL,
+                    "prune.depth.remove=0", "prune.experts.keep=0.5", "prune.target.params=0.4", "prune.criterion=l2",
+                    "prune.refit=false", "prune.finetune.epochs=0")
+    assert result.exit_code == 0, result.output
+    run = tmp_path / "m"
+    state = json.loads((run / "state.json").read_text())
+    experts = state["stages"]["prune"]["experts"]
+    assert all(len(k) == 2 for k in experts["kept"].values()) and len(experts["kept"]) == 2
+    assert "router logits at -inf" in experts["verify"] and experts["params_kept"] > 0.4
+    model = _reload(run / "weights" / "pruned")
+    assert model.config.num_local_experts == 2 and model.config.intermediate_size < 128  # experts, then widths
+    report = json.loads((run / "report.json").read_text())
+    assert report["stages"]["pruned"]["params"] / report["stages"]["baseline"]["params"] == pytest.approx(0.4,
+                                                                                                         rel=0.03)
+    assert "Expert cut first" in (run / "report.md").read_text()
+
+
 def test_bad_inputs_are_one_line_each_before_any_run_directory(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     cases = {
@@ -126,6 +151,7 @@ def test_bad_inputs_are_one_line_each_before_any_run_directory(tmp_path: Path) -
         f"text={tmp_path / 'missing.txt'}": "does not exist",
         "prune.depth.criterion=cosine": "prune.depth",
         "prune.controls=[narrow]": "prune.controls",
+        "prune.experts.keep=0": "prune.experts.keep",
         "seq_len=1": "seq_len",
         "tokenizer=nowhere": "tokenizer nowhere",
     }

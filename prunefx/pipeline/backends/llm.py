@@ -118,7 +118,8 @@ class LlmBackend(CustomBackend):
     """The runner's view of a causal LM on text (see :class:`prunefx.pipeline.runner.Backend`)."""
 
     cuts = Cuts(width=imported_on_call("prunefx.integrations.transformers:prune"),
-                depth=imported_on_call("prunefx.integrations.transformers:prune_depth"), before_refit=True)
+                depth=imported_on_call("prunefx.integrations.transformers:prune_depth"), before_refit=True,
+                experts=imported_on_call("prunefx.integrations.transformers:prune_experts"))
     primary_metric = "ppl"
 
     def __init__(self, job: LlmJob, log: Callable[[str], None] = print) -> None:

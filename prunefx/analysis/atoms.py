@@ -24,7 +24,7 @@ class AtomTable:
         self._parent = np.arange(capacity, dtype=np.int64)
         self._frozen = np.full(capacity, -1, dtype=np.int64)  # index into self.reasons, -1 = free
         self._inexact = np.full(capacity, -1, dtype=np.int64)
-        self._explained = np.zeros(capacity, dtype=bool)
+        self._explained = np.zeros(capacity, dtype=bool)  # per class, held at its root (carried by union)
         self.size = 0
         self.reasons: list[str] = []
         self._reason_ids: dict[str, int] = {}
@@ -77,10 +77,10 @@ class AtomTable:
             a, b = a[keep], b[keep]
         if a.size == 0:
             return
-        if explain:
-            self._explained[a] = True
-            self._explained[b] = True
         ra, rb = self.find(a), self.find(b)
+        if explain:
+            self._explained[ra] = True
+            self._explained[rb] = True
         while True:
             differ = ra != rb
             if not differ.any():
@@ -90,6 +90,7 @@ class AtomTable:
             # Carry frozen / inexact marks to the surviving root before re-parenting.
             self._merge_marks(self._frozen, lo, hi)
             self._merge_marks(self._inexact, lo, hi)
+            self._explained[lo[self._explained[hi]]] = True  # only True is written: duplicates in lo lose nothing
             self._parent[hi] = lo  # duplicates in `hi` lose writes; the loop re-checks until every pair agrees
             ra, rb = self.find(lo), self.find(hi)
 
@@ -116,17 +117,14 @@ class AtomTable:
     def explain(self, atoms: np.ndarray) -> None:
         """A rule has accounted for these atoms (recorded them as a layer's channels)."""
         atoms = np.asarray(atoms, dtype=np.int64).ravel()
-        self._explained[atoms[atoms >= 0]] = True
+        self._explained[self.find(atoms[atoms >= 0])] = True
 
     def unexplained(self, atoms: np.ndarray) -> np.ndarray:
         """Mask over ``atoms``: True where no atom of the atom's class has been explained."""
         atoms = np.asarray(atoms, dtype=np.int64)
-        roots = self.find(np.arange(self.size, dtype=np.int64))
-        explained = np.zeros(self.size, dtype=bool)
-        explained[roots[self._explained[: self.size]]] = True
         ok = atoms >= 0
         out = np.zeros(len(atoms), dtype=bool)
-        out[ok] = ~explained[roots[atoms[ok]]]
+        out[ok] = ~self._explained[self.find(atoms[ok])]
         return out
 
     def _mark(self, marks: np.ndarray, atoms: np.ndarray, reason: str) -> None:
@@ -134,8 +132,8 @@ class AtomTable:
         atoms = atoms[atoms >= 0]
         if atoms.size == 0:
             return
-        self._explained[atoms] = True
         roots = self.find(atoms)
+        self._explained[roots] = True
         free = marks[roots] < 0
         marks[roots[free]] = self._reason_id(reason)
 

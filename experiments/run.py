@@ -55,6 +55,10 @@ EXPERIMENTS = {
         ("transformers", "accelerate"),
     ),
     "llm_baselines": Experiment("experiments.llm_baselines", "LLM baselines (reimpl.) vs prunefx", ("transformers",)),
+    "llm_recovery": Experiment(
+        "experiments.llm_recovery", "a trained stdlib LM at half the parameters: cut, re-fit, distilled vs scratch",
+        ("transformers", "accelerate"),
+    ),
     "expert_plans": Experiment(
         "experiments.expert_plans", "experts removed from a trained stdlib MoE: REAP / frequency / contribution",
         ("transformers",),

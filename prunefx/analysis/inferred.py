@@ -29,7 +29,7 @@ import numpy as np
 import torch
 import torch.fx as fx
 
-from prunefx.analysis.labels import Lab
+from prunefx.analysis.labels import Lab, instances
 from prunefx.analysis.rules._context import Ctx
 
 MAX_POSITIONS = 2048  # positions probed per input dim (one forward of the op each)
@@ -70,7 +70,7 @@ def infer(ctx: Ctx, describe: str) -> tuple[Lab, Inference] | tuple[None, Infere
     """The output label of ``ctx``'s node by a probed channel map, with the inference; (None, why) when refused."""
     node = ctx.node
     out = ctx.out
-    inputs = [a for a in _nodes((node.args, dict(node.kwargs))) if isinstance(ctx.value(a), torch.Tensor)]
+    inputs = [a for a in instances((node.args, dict(node.kwargs)), fx.Node) if isinstance(ctx.value(a), torch.Tensor)]
     labs = [ctx.lab(a) for a in inputs]
     key = _key(ctx, describe, inputs, labs)
     found = _CACHE.get(key) if key is not None else None
@@ -81,16 +81,6 @@ def infer(ctx: Ctx, describe: str) -> tuple[Lab, Inference] | tuple[None, Infere
     if found.failure or not found.maps:
         return None, found
     return _apply(ctx, found, labs, out), found
-
-
-def _nodes(x: Any) -> list[fx.Node]:
-    if isinstance(x, fx.Node):
-        return [x]
-    if isinstance(x, (list, tuple)):
-        return [n for item in x for n in _nodes(item)]
-    if isinstance(x, dict):
-        return [n for item in x.values() for n in _nodes(item)]
-    return []
 
 
 def _key(ctx: Ctx, describe: str, inputs: list[fx.Node], labs: list[Lab]) -> tuple | None:
@@ -124,7 +114,7 @@ def _caller(ctx: Ctx, inputs: list[fx.Node]) -> Callable[[list[torch.Tensor]], A
     if node.op == "call_module":
         if module is None or next(module.parameters(), None) is not None or next(module.buffers(), None) is not None:
             return "a module with parameters or buffers of its own"
-    consts = _nodes((node.args, dict(node.kwargs)))
+    consts = instances((node.args, dict(node.kwargs)), fx.Node)
     if any(not isinstance(ctx.value(n), (torch.Tensor, int, float, bool, type(None), str, torch.dtype,
                                          torch.Size, tuple, list)) for n in consts):
         return "an argument that is not a tensor or a plain value"

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import numpy as np
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, eq=False)
@@ -77,3 +80,14 @@ def size_sources(x: object) -> tuple[np.ndarray, ...]:
 
 def int_value(x: object) -> object:
     return x.value if isinstance(x, SizeRef) else x
+
+
+def instances(x: Any, kind: type[T]) -> list[T]:
+    """The ``kind`` objects in ``x``, in order: tuples, lists and dict values are walked (a node's label, its args)."""
+    if isinstance(x, kind):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [y for item in x for y in instances(item, kind)]
+    if isinstance(x, dict):
+        return [y for item in x.values() for y in instances(item, kind)]
+    return []

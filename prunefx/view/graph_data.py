@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 from prunefx.analysis.graph import DependencyGraph
-from prunefx.analysis.labels import Lab
+from prunefx.analysis.labels import Lab, instances
 from prunefx.analysis.roles import Kind
 from prunefx.capture.trace import SOURCE_KEY  # the tracer's (file, line, function) of the code that made a node
 from prunefx.capture.values import VALUE_KEY  # the shape pass's node value (meta tensors)
@@ -58,17 +58,6 @@ if TYPE_CHECKING:  # the view reads a plan by attribute; drawing a graph without
 def reason_key(reason: str) -> str:
     """A frozen reason without the node that caused it: the key the summary and the filter count by."""
     return reason.split(" (node")[0]
-
-
-def _labs(value: Any) -> list[Any]:
-    """The channel labels (``Lab``) in a node's analysis value, in order (tuples, lists and dicts walked)."""
-    if isinstance(value, Lab):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [lab for v in value for lab in _labs(v)]
-    if isinstance(value, dict):
-        return [lab for v in value.values() for lab in _labs(v)]
-    return []
 
 
 def _shape(value: Any) -> str | None:
@@ -212,7 +201,7 @@ def graph_data(dg: DependencyGraph, plan: PruningPlan | None = None) -> dict[str
         elif node.op == "get_attr":
             by_attr.setdefault(target, []).append(i)
         by_name[node.name] = [i]
-        labs = _labs(dg.node_labels.get(node.name))
+        labs = instances(dg.node_labels.get(node.name), Lab)
         atoms = np.concatenate([lab.atoms() for lab in labs]) if labs else np.empty(0, np.int64)
         gid, rank = cmap.lookup(atoms)
         src, code = _source(node)

@@ -159,27 +159,28 @@ def pruned_shifted_window_attention_3d(  # adapted from torchvision.models.video
 torch.fx.wrap("pruned_shifted_window_attention_3d")
 
 
+def _pruned_forward(m: ShiftedWindowAttention, x: Tensor, logit_scale: Tensor | None = None) -> Tensor:
+    """A pruned Swin V1 or V2 (``logit_scale``) attention's forward: torchvision's call, the pruned function."""
+    return pruned_shifted_window_attention(
+        x, m.qkv.weight, m.proj.weight, m.get_relative_position_bias(), m.window_size,
+        m.num_heads, shift_size=m.shift_size, attention_dropout=m.attention_dropout,
+        dropout=m.dropout, qkv_bias=m.qkv.bias, proj_bias=m.proj.bias, logit_scale=logit_scale,
+        training=m.training,
+    )
+
+
 class PrunedShiftedWindowAttention(ShiftedWindowAttention):
     """A Swin V1 attention whose heads were pruned (inner width != dim): the same parameters, the pruned forward."""
 
     def forward(self, x: Tensor) -> Tensor:
-        return pruned_shifted_window_attention(
-            x, self.qkv.weight, self.proj.weight, self.get_relative_position_bias(), self.window_size,
-            self.num_heads, shift_size=self.shift_size, attention_dropout=self.attention_dropout,
-            dropout=self.dropout, qkv_bias=self.qkv.bias, proj_bias=self.proj.bias, training=self.training,
-        )
+        return _pruned_forward(self, x)
 
 
 class PrunedShiftedWindowAttentionV2(ShiftedWindowAttentionV2):
     """A Swin V2 attention whose heads were pruned: the same parameters, the pruned forward."""
 
     def forward(self, x: Tensor) -> Tensor:
-        return pruned_shifted_window_attention(
-            x, self.qkv.weight, self.proj.weight, self.get_relative_position_bias(), self.window_size,
-            self.num_heads, shift_size=self.shift_size, attention_dropout=self.attention_dropout,
-            dropout=self.dropout, qkv_bias=self.qkv.bias, proj_bias=self.proj.bias, logit_scale=self.logit_scale,
-            training=self.training,
-        )
+        return _pruned_forward(self, x, self.logit_scale)
 
 
 class PrunedShiftedWindowAttention3d(ShiftedWindowAttention3d):

@@ -208,14 +208,29 @@ def _shape_mask(name: str, s: int, cx: float, cy: float, size: float, angle: flo
     elif name == "triangle":
         pts = [(r * math.cos(a), r * math.sin(a)) for a in (0, 2 * math.pi / 3, 4 * math.pi / 3)]
     elif name == "cross":
-        a, b = r, r * 0.33
-        pts = [(b, a), (-b, a), (-b, b), (-a, b), (-a, -b), (-b, -b)]
-        pts += [(-x, -y) for x, y in pts]  # the cross is symmetric under a half turn
+        pts = cross_points(r)
     elif name == "star":
-        radii = [r if k % 2 == 0 else r * 0.45 for k in range(10)]  # alternating tips and notches
-        pts = [(rk * math.cos(k * math.pi / 5), rk * math.sin(k * math.pi / 5)) for k, rk in enumerate(radii)]
+        pts = star_points(r)
     else:
         raise ValueError(f"unknown shape {name!r}")
+    return fill_polygon(mask, pts, cx, cy, angle)
+
+
+def cross_points(r: float) -> list[tuple[float, float]]:
+    """The twelve corners of a plus sign of half-extent ``r`` (arms 0.66 r wide), around the origin."""
+    a, b = r, r * 0.33
+    pts = [(b, a), (-b, a), (-b, b), (-a, b), (-a, -b), (-b, -b)]
+    return pts + [(-x, -y) for x, y in pts]  # the cross is symmetric under a half turn
+
+
+def star_points(r: float) -> list[tuple[float, float]]:
+    """The ten corners of a five-pointed star of outer radius ``r``, around the origin."""
+    radii = [r if k % 2 == 0 else r * 0.45 for k in range(10)]  # alternating tips and notches
+    return [(rk * math.cos(k * math.pi / 5), rk * math.sin(k * math.pi / 5)) for k, rk in enumerate(radii)]
+
+
+def fill_polygon(mask: np.ndarray, pts: list[tuple[float, float]], cx: float, cy: float, angle: float) -> np.ndarray:
+    """``mask`` with polygon ``pts`` (around the origin), rotated by ``angle`` and centred at ``(cx, cy)``, set to 1."""
     c, sn = math.cos(angle), math.sin(angle)
     poly = np.array([(cx + x * c - y * sn, cy + x * sn + y * c) for x, y in pts])
     cv2.fillPoly(mask, [np.round(poly).astype(np.int32)], 1)

@@ -19,7 +19,7 @@ from typing import Any
 import cv2
 import numpy as np
 
-from prunefx.data.detection import Label, dataset_params, write_yolo_dataset
+from prunefx.data.detection import Label, cross_points, dataset_params, fill_polygon, star_points, write_yolo_dataset
 
 SHAPES: tuple[str, ...] = ("circle", "triangle", "square", "pentagon", "hexagon", "star", "cross", "arrow",
                            "crescent", "lshape")
@@ -186,19 +186,13 @@ def _solid(shape: str, s: int, cx: float, cy: float, size: float, angle: float) 
         n = polygons[shape]
         pts = [(r * math.cos(2 * math.pi * k / n), r * math.sin(2 * math.pi * k / n)) for k in range(n)]
     elif shape == "star":
-        radii = [r if k % 2 == 0 else r * 0.45 for k in range(10)]
-        pts = [(rk * math.cos(k * math.pi / 5), rk * math.sin(k * math.pi / 5)) for k, rk in enumerate(radii)]
+        pts = star_points(r)
     elif shape == "cross":
-        a, b = r, r * 0.33
-        pts = [(b, a), (-b, a), (-b, b), (-a, b), (-a, -b), (-b, -b)]
-        pts += [(-x, -y) for x, y in pts]
+        pts = cross_points(r)
     elif shape == "arrow":
         pts = [(r, 0), (0, r * 0.8), (0, r * 0.3), (-r, r * 0.3), (-r, -r * 0.3), (0, -r * 0.3), (0, -r * 0.8)]
     elif shape == "lshape":
         pts = [(-r, -r), (-r * 0.2, -r), (-r * 0.2, r * 0.2), (r, r * 0.2), (r, r), (-r, r)]
     else:
         raise ValueError(f"unknown shape {shape!r}")
-    c, sn = math.cos(angle), math.sin(angle)
-    poly = np.array([(cx + x * c - y * sn, cy + x * sn + y * c) for x, y in pts])
-    cv2.fillPoly(mask, [np.round(poly).astype(np.int32)], 1)
-    return mask
+    return fill_polygon(mask, pts, cx, cy, angle)

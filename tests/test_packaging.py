@@ -136,6 +136,17 @@ def test_core_dependencies_are_ranges_and_ci_pins_them() -> None:
     assert "thop" not in pins  # it replaces ultralytics-thop
 
 
+def test_the_torch_floor_is_the_torch_ci_tests_oldest() -> None:
+    """pyproject.toml's torch floor is the exact torch .ci/oldest_torch.sh installs first (and .ci/run calls it)."""
+    import re
+
+    (floor,) = [d.split(">=")[1] for d in _pyproject()["dependencies"] if d.startswith("torch>=")]
+    script = (ROOT / ".ci" / "oldest_torch.sh").read_text()
+    (oldest,) = re.findall(r"^OLDEST_TORCH=(\S+)", script, re.M)
+    assert oldest.startswith(floor + "."), (oldest, floor)  # torch>=2.13 and 2.13.0
+    assert "bash .ci/oldest_torch.sh" in (ROOT / ".ci" / "run").read_text()
+
+
 def test_every_extra_a_message_names_exists() -> None:
     from prunefx._extras import EXTRAS
 

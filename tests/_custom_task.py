@@ -55,3 +55,31 @@ def keyword_data():
 def keyword_metric(model, batches):
     with torch.no_grad():
         return {"mse": float(sum(((model(**x) - y) ** 2).mean() for x, y in batches) / len(batches))}
+
+
+class _Counted(torch.utils.data.Dataset):
+    """The keyword task's samples, counting every read (``READS``): a split the pipeline must stream, not copy."""
+
+    READS = {"train": 0, "val": 0}
+
+    def __init__(self, split: str, n: int) -> None:
+        self.split, self.n = split, n
+        g = torch.Generator().manual_seed(1 if split == "train" else 2)
+        self.x = torch.randn(n, 16, generator=g)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        _Counted.READS[self.split] += 1
+        return {"signal": self.x[i]}, self.x[i].sum(0, keepdim=True)
+
+
+def loader_data():
+    _Counted.READS.update(train=0, val=0)
+    return {split: torch.utils.data.DataLoader(_Counted(split, n), batch_size=8)
+            for split, n in (("train", 32), ("val", 16))}
+
+
+def generator_data():
+    return {"train": (b for b in keyword_data()["train"]), "val": keyword_data()["val"]}

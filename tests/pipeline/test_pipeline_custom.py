@@ -72,6 +72,7 @@ def test_an_interrupted_recovery_resumes_without_redoing_the_cut(tmp_path: Path,
     (["trust_code=false"], "add trust_code: true"),
     (["data=_custom_task:data_raises"], "raised RuntimeError: the dataset server is down"),
     (["data=_custom_task:data_not_a_dict"], "return a dict with 'train' and 'val'"),
+    (["data=_custom_task:generator_data"], "train split is a generator without a length or that passes only once"),
     (["data=_custom_task:data_wrong_inputs"], "cannot take _custom_task:data_wrong_inputs's training inputs"),
     (["metric=_custom_task:metric_text"], "metric returned 'good'; return a finite number"),
     (["data=_custom_task:nope"], "has no attribute 'nope'"),
@@ -128,6 +129,29 @@ def test_batches_of_keyword_inputs_are_pruned_and_recovered(tmp_path: Path) -> N
     assert state["status"] == "complete"
     report = load_report(tmp_path / "kw")
     assert report["stages"]["finetuned"]["flops"] < 0.6 * report["stages"]["baseline"]["flops"]
+
+
+def test_dataloader_splits_are_streamed_not_copied(tmp_path: Path) -> None:
+    # DataLoaders over Datasets: building the task reads one batch per split (and the metric its val passes); the
+    # recovery passes over the training split epoch by epoch, so the training samples are read epochs x 32 times
+    # (+ the first batch, + 8 per calibration batch), never all at once before training
+    import _custom_task
+
+    from prunefx.pipeline.backends.custom import CustomBackend, CustomJob
+
+    args = {"task": "custom", "project": str(tmp_path), "name": "dl", "trust_code": True,
+            "model": "_custom_task:keyword_model", "data": "_custom_task:loader_data",
+            "metric": "_custom_task:keyword_metric", "task_loss": None}
+    backend = CustomBackend(CustomJob.from_config(args), log=lambda s: None)
+    assert _custom_task._Counted.READS["train"] == 8  # the first batch only
+    assert len(backend.calibration(2)) == 2 and _custom_task._Counted.READS["train"] == 8 + 16
+    result = _prune(f"project={tmp_path}", "name=dl", "model=_custom_task:keyword_model",
+                    "data=_custom_task:loader_data", "metric=_custom_task:keyword_metric", "task_loss=null",
+                    "prune.criterion=l1", "prune.finetune.epochs=2")
+    assert result.exit_code == 0, result.output
+    state = json.loads((tmp_path / "dl" / "state.json").read_text())
+    assert state["status"] == "complete" and state["stages"]["finetune"]["distill"]["steps"] == 2 * 4
+    assert _custom_task._Counted.READS["train"] >= 2 * 32  # every epoch read the split anew
 
 
 @pytest.mark.slow

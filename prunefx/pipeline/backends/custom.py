@@ -6,8 +6,10 @@ A config names Python callables (``package.module:function``), which run as code
 given (in the file or as ``trust_code=true`` on the command line):
 
 * ``model``: returns the trained model (``checkpoint:`` a state_dict file loaded into it, weights-only, if given).
-* ``data``: returns ``{"train": batches, "val": batches}`` (lists or DataLoaders), each batch an
-  ``(inputs, targets)`` pair; ``inputs`` is the model's one positional input (a tensor) or a tuple of them.
+* ``data``: returns ``{"train": batches, "val": batches}``, each batch an ``(inputs, targets)`` pair; ``inputs`` is
+  the model's one positional input (a tensor), a tuple of them or a dict of keyword inputs. A split is a list or a
+  re-iterable with a length (a DataLoader): it is passed over, never copied into memory (only the first batches
+  that calibration needs are read ahead).
 * ``metric``: ``metric(model, val_batches)`` -> a number or a dict of numbers (higher is better for the first).
 * ``task_loss`` (optional): ``task_loss(outputs, batch)`` -> a scalar tensor, mixed into the recovery.
 
@@ -21,7 +23,8 @@ passes over them, mixed with ``task_loss`` when given; ``distill: false`` trains
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Mapping
+import itertools
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -153,7 +156,7 @@ class CustomBackend:
             load_weights(model, self.job.checkpoint, self.job.model, trust_checkpoint=self.job.run.trust_checkpoint)
         return model.eval()
 
-    def _load_data(self) -> dict[str, list[Any]]:
+    def _load_data(self) -> dict[str, Iterable[Any]]:
         spec = self.job.data
         try:
             data = resolve_factory(spec)()
@@ -162,19 +165,31 @@ class CustomBackend:
         if not isinstance(data, Mapping) or not {"train", "val"} <= set(data):
             raise ConfigError(f"data: {spec} returned {type(data).__name__}; return a dict with 'train' and 'val' "
                               "batches, each batch an (inputs, targets) pair")
-        out = {}
+        out, firsts = {}, {}
         for split in ("train", "val"):
-            batches = list(data[split])
-            if not batches:
+            batches = data[split]
+            # passed over once per epoch and by the metric (a generator would be empty the second time), and the
+            # recovery's step count is epochs x batches: a re-iterable with a length
+            try:
+                size = len(batches) if not isinstance(batches, Iterator) and isinstance(batches, Iterable) else None
+            except TypeError:  # a DataLoader over an IterableDataset without a length
+                size = None
+            if size is None:
+                raise ConfigError(f"data: {spec}'s {split} split is a {type(batches).__name__} without a length or "
+                                  "that passes only once; give a list of batches or a DataLoader over a Dataset")
+            first = next(iter(batches), None) if size else None
+            if first is None:
                 raise ConfigError(f"data: {spec}'s {split} split has no batch")
-            bad = next((i for i, b in enumerate(batches) if not (isinstance(b, (tuple, list)) and len(b) == 2)), None)
+            held = batches if isinstance(batches, Sequence) else [first]  # a loader's batches are read when used
+            bad = next((i for i, b in enumerate(held) if not (isinstance(b, (tuple, list)) and len(b) == 2)), None)
             if bad is not None:
-                raise ConfigError(f"data: {spec}'s {split} batch {bad} is a {type(batches[bad]).__name__}, not an "
+                raise ConfigError(f"data: {spec}'s {split} batch {bad} is a {type(held[bad]).__name__}, not an "
                                   "(inputs, targets) pair; yield (x, y) batches")
-            out[split] = batches
+            out[split], firsts[split] = batches, first
+        first_train = self._first = firsts["train"]  # the example inputs: fixed even if the loader shuffles
         try:
             with torch.no_grad():
-                self._model(*_positional(self._model, out["train"][0][0]))
+                self._model(*_positional(self._model, first_train[0]))
         except Exception as exc:  # the model cannot take the data's inputs
             raise ConfigError(f"data: the model {self.job.model} cannot take {spec}'s training inputs "
                               f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); yield batches of "
@@ -206,7 +221,7 @@ class CustomBackend:
         return tree_map_only(torch.Tensor, lambda t: t[:1], self.prune_inputs())
 
     def prune_inputs(self) -> tuple[Any, ...]:
-        return _positional(self._model, self._data["train"][0][0])
+        return _positional(self._model, self._first[0])
 
     def score_kwargs(self, criterion: str) -> dict[str, Any]:
         return {}
@@ -217,7 +232,7 @@ class CustomBackend:
 
     def calibration(self, batches: int) -> list[Any]:
         # lists: positional inputs, never read as an (inputs, targets) pair however many the model takes
-        return [list(_positional(self._model, x)) for x, _ in self._data["train"][:batches]]
+        return [list(_positional(self._model, x)) for x, _ in itertools.islice(self._data["train"], batches)]
 
     def from_checkpoint(self) -> nn.Module:
         return copy.deepcopy(self._model)

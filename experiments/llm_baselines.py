@@ -35,9 +35,11 @@ counted as that smaller model would hold them):
 - ``ShortGPT`` (Men et al. 2024): whole layers removed by block influence (1 - cos of a layer's input and output),
   ``pfx_hf.prune_depth``'s default criterion, as many as gets closest to the budget.
 
-prunefx rows: ``pfx_hf.prune`` (KV groups and MLP widths, uniform across layers, global plan), with and without
-the least-squares re-fit on the calibration batches; every one checked by prunefx's oracle. The best prunefx row
-is chosen on the calibration loss (not on the held-out bytes). Writes ``<out>/llm_baselines.csv`` and ``.md``.
+prunefx rows: ``pfx_hf.prune`` (KV groups and MLP widths, uniform across layers, global plan), with and without the
+least-squares re-fit on the calibration batches; ``..., per layer``: each layer its own widths (``per_layer=True``:
+the structure FLAP adapts, which a Llama config cannot hold; saved with ``prunefx.save``); every one checked by
+prunefx's oracle. The best prunefx row is chosen on the calibration loss (not on the held-out bytes). Writes
+``<out>/llm_baselines.csv`` and ``.md``.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ import random
 import statistics
 import sys
 import time
+import warnings
 from pathlib import Path
 
 from experiments._table import cpu_name, write_result
@@ -330,6 +333,13 @@ def _prunefx_variants() -> dict[str, dict]:
         "activation": {"criterion": "activation", "normalize": "none", "refit": False},
         "l2, re-fit": {"criterion": "l2", "normalize": "none", "refit": True},
         "l2": {"criterion": "l2", "normalize": "none", "refit": False},
+        # per-layer widths (pfx_hf.prune(per_layer=True)): the adaptive structure FLAP has, saved with prunefx.save
+        # (a Llama config holds one width per field)
+        "activation, re-fit, per layer": {"criterion": "activation", "normalize": "none", "refit": True,
+                                          "per_layer": True},
+        "activation, per layer": {"criterion": "activation", "normalize": "none", "refit": False, "per_layer": True},
+        "taylor, normalised, re-fit, per layer": {"criterion": "taylor", "normalize": "mean", "refit": True,
+                                                  "per_layer": True},
     }
 
 
@@ -394,14 +404,17 @@ def run(seeds: list[int], layers: int, steps: int) -> list[dict]:
             if how["criterion"] == "taylor":
                 kwargs["loss_fn"] = loss
             t0 = time.perf_counter()
-            result = pfx_hf.prune(model, calib[0][0][:2], prunefx.PlanConfig(params=width, normalize=how["normalize"]),
-                                  criterion=how["criterion"], **kwargs)
+            with warnings.catch_warnings():  # per layer: the config cannot say the widths (prunefx.save can)
+                warnings.simplefilter("ignore", pfx_hf.ConfigStaleWarning)
+                result = pfx_hf.prune(model, calib[0][0][:2],
+                                      prunefx.PlanConfig(params=width, normalize=how["normalize"]),
+                                      criterion=how["criterion"], per_layer=how.get("per_layer", False), **kwargs)
             seconds = time.perf_counter() - t0
             assert result.verified.ok, result.verified.message
-            first = model.model.layers[0]
-            rows.append(_row(seed, layers, name, PFX, model, calib, val, _count(model) / shape.total,
-                             str(first.self_attn.k_proj.out_features // shape.hd),
-                             str(first.mlp.down_proj.in_features), seconds))
+            kept = [(range(layer.self_attn.k_proj.out_features // shape.hd), range(layer.mlp.down_proj.in_features))
+                    for layer in model.model.layers]
+            rows.append(_row(seed, layers, name, PFX, model, calib, val, _count(model) / shape.total, *_widths(kept),
+                             seconds))
             print(rows[-1], flush=True)
     return rows
 

@@ -412,3 +412,23 @@ def test_falcons_transposed_weights_are_inferred_and_its_mlp_pruned_exactly():
     # the plan's estimate follows the layers whose forward is their own code (x @ weight.T): within 2%
     est = result.plan.estimate
     assert est["macs_after"] / est["macs_before"] == pytest.approx(after / before, rel=0.02)
+
+
+def test_per_layer_widths_are_exact_differ_by_layer_and_round_trip_through_prunefx_save(tmp_path):
+    # per_layer=True: one global ranking, each layer its own MLP width; the config has one value per field, so it
+    # is left as it was (warned) and prunefx.save / load rebuild the pruned model from a fresh one
+    model, x = _build("llama")
+    original = copy.deepcopy(model.config)
+    with pytest.warns(pfx_hf.ConfigStaleWarning, match="model.config still holds the unpruned widths"):
+        result = pfx_hf.prune(model, x, prunefx.PlanConfig(params=0.6), per_layer=True)
+    assert result.verified.ok and not result.plan.target.get("uniform_layers")
+    widths = [layer.mlp.up_proj.out_features for layer in model.model.layers]
+    assert len(set(widths)) > 1 and max(widths) <= original.intermediate_size, widths
+    assert model.config.intermediate_size == original.intermediate_size  # untouched: it cannot say the widths
+    kept = sum(p.numel() for p in model.parameters()) / sum(
+        p.numel() for p in T.AutoModelForCausalLM.from_config(original).parameters())
+    assert abs(kept - 0.6) <= 0.02, kept
+    prunefx.save(model, result.plan, tmp_path / "pruned.pt")
+    again = prunefx.load(tmp_path / "pruned.pt", lambda: T.AutoModelForCausalLM.from_config(original)).eval()
+    assert [layer.mlp.up_proj.out_features for layer in again.model.layers] == widths
+    assert _same_outputs(model, again, x) <= 1e-5

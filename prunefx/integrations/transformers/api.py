@@ -42,13 +42,17 @@ def prune(
     hidden: bool = False,
     criterion: str = "l2",
     language_model_only: bool = False,
+    per_layer: bool = False,
     **kwargs: Any,
 ) -> PruneResult:
     """:func:`prunefx.prune` for transformers: attention heads (whole KV groups under GQA) and MLP widths at
     ``config``'s target, every layer as wide as its peers (``uniform_layers``: the config has one value per field),
     the residual stream untouched unless ``hidden=True``, weight-norm importance by default (``criterion="activation"``
     with ``calibration=[input_ids, ...]`` or ``"taylor"`` with ``loss_fn`` use data). ``language_model_only``: a
-    VLM's vision tower and projector keep their shapes (only the language model is cut)."""
+    VLM's vision tower and projector keep their shapes (only the language model is cut). ``per_layer=True``: each
+    layer gets its own widths (the global ranking decides; often better at a budget, FLAP-like), which a config with
+    one value per field cannot hold: ``model.config`` is left as it was (ConfigStaleWarning) and the model is saved
+    with ``prunefx.save(model, result.plan, path)``, reloaded with ``prunefx.load``."""
     config = config or PlanConfig(ratio=0.3)
     own_config(model)  # the widths are written into model.config: not into a config object other models share
     adopt_attention(model)  # before head_widths: a Llama-like attention class of another name has its layout
@@ -56,7 +60,7 @@ def prune(
     if language_model_only:
         stream = (*stream, *language_model(model)[1])
     # head counts the config can write (Llama: hidden_size % heads == 0), so the user's save_pretrained works
-    config = replace(config, ignore=(*config.ignore, *stream), uniform_layers=True,
+    config = replace(config, ignore=(*config.ignore, *stream), uniform_layers=not per_layer,
                      allowed_widths=(*config.allowed_widths, *head_widths(model), *expert_widths(model)))
     with warnings.catch_warnings():  # a base model's stream is its output, frozen already: nothing to ignore
         for pattern in stream:

@@ -133,6 +133,7 @@ class CustomBackend:
     cuts = WIDTH_AND_DEPTH  # saved with prunefx.save, which takes [DepthPlan, PruningPlan]
     baseline_epochs = 0
     chance = None
+    _first: Any = None  # the first training batch, read ahead by _load_data
 
     def __init__(self, job: CustomJob, log: Callable[[str], None] = print) -> None:
         self.job, self.log = job, log
@@ -221,7 +222,10 @@ class CustomBackend:
         return tree_map_only(torch.Tensor, lambda t: t[:1], self.prune_inputs())
 
     def prune_inputs(self) -> tuple[Any, ...]:
-        return _positional(self._model, self._first[0])
+        # the batch _load_data read ahead (a shuffling loader yields another first batch on every pass); a subclass
+        # loading its own lists of batches has none: its first batch is the same on every pass
+        first = self._first if self._first is not None else next(iter(self._data["train"]))
+        return _positional(self._model, first[0])
 
     def score_kwargs(self, criterion: str) -> dict[str, Any]:
         return {}

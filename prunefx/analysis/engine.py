@@ -439,6 +439,9 @@ def size_arith(ctx: Ctx, val: Any, labs: list[Any]) -> Any:
     refs = [x for x in _flatten(labs) if isinstance(x, SizeRef)]
     scalars = [x for x in _flatten(labs) if isinstance(x, ScalarRef)]
     if isinstance(val, int) and not isinstance(val, bool) and (refs or scalars):
+        same = _identity_operand(ctx, labs)
+        if same is not None:  # 1 * c, c // 1, c + 0 (einops seeds its products with 1): c, whatever form it has
+            return same
         sources = tuple(s for r in (*refs, *scalars) for s in r.sources)
         if scalars:  # int(math.sqrt(c)): no form a rule can follow
             return SizeRef(val, sources)
@@ -449,6 +452,22 @@ def size_arith(ctx: Ctx, val: Any, labs: list[Any]) -> Any:
         if sources:
             return ScalarRef(val, sources)
     return val
+
+
+_NEUTRAL = {operator.mul: 1, operator.imul: 1, operator.add: 0, operator.iadd: 0}
+_RIGHT_NEUTRAL = {**_NEUTRAL, operator.floordiv: 1, operator.sub: 0, operator.isub: 0}
+
+
+def _identity_operand(ctx: Ctx, labs: list[Any]) -> SizeRef | None:
+    """The SizeRef operand of an op with a literal neutral element (``1 * c``, ``c // 1``), which returns it as is."""
+    raw = ctx.args
+    if len(labs) != 2 or len(raw) != 2 or ctx.kwargs:
+        return None
+    for i, table in ((0, _NEUTRAL), (1, _RIGHT_NEUTRAL)):  # raw[i] the literal, the other operand the size
+        other = labs[1 - i]
+        if _is_literal_int(raw[i]) and table.get(ctx.node.target) == raw[i] and isinstance(other, SizeRef):
+            return other
+    return None
 
 
 def _arith_form(ctx: Ctx, val: int, labs: list[Any]) -> dict[str, Any]:

@@ -137,6 +137,8 @@ _CALLABLE = [(t, r) for t, r in _ITEMS if not isinstance(t, (torch._ops.OpOverlo
 
 @pytest.mark.parametrize("target,rule", _CALLABLE, ids=[_key_id(t) for t, _ in _CALLABLE])
 def test_canonical_call_labels_every_dim(target: object, rule: object) -> None:
+    if target in (torch.tensor, torch.as_tensor):  # given a traced tensor, torch.tensor crashes fx's tracer natively
+        pytest.skip("its rule is for data that is not a traced tensor (a KV cache's torch.tensor([]))")
     found = _canonical(target)
     if found is None:
         pytest.skip("no canonical call on one or two small float tensors")

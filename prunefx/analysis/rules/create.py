@@ -65,3 +65,21 @@ def positions(ctx: Ctx) -> Lab:
         if isinstance(ref, SizeRef) and ref.sources:
             ctx.freeze(np.concatenate(ref.sources), f"{ctx.node.target.__name__} counts up to a channel count")
     return Lab.none(ctx.out.dim())
+
+
+@register_rule(torch.tensor, torch.as_tensor)
+def from_data(ctx: Ctx) -> Lab:
+    """``torch.tensor(data)``: a copy of a tensor keeps its labels; numbers (an empty KV cache's ``[]``) have none."""
+    data = ctx.arg(0, "data")
+    if ctx.is_tensor(data):
+        return ctx.lab(data)
+    # tensors inside a list become values of one new dim, and a channel count becomes a number: both must stay
+    ctx.freeze([ctx.lab(t) for t in _tensor_nodes(ctx, data)], "tensors gathered into a new tensor's values")
+    ctx.freeze_values(data)
+    return Lab.none(ctx.out.dim())
+
+
+def _tensor_nodes(ctx: Ctx, data) -> list:
+    if isinstance(data, (list, tuple)):
+        return [t for item in data for t in _tensor_nodes(ctx, item)]
+    return [data] if ctx.is_tensor(data) else []

@@ -225,8 +225,9 @@ def repeat(ctx: Ctx) -> Lab:
 # ---- joins and splits ------------------------------------------------------------------------------------
 @register_rule(torch.cat, torch.concat, torch.concatenate)
 def cat(ctx: Ctx) -> Lab:
-    tensors = [t for t in ctx.arg(0, "tensors") if ctx.is_tensor(t)]
     out_shape = tuple(ctx.out.shape)
+    # torch.cat skips 1-D empty tensors whatever the other pieces' rank (a KV cache starts as torch.tensor([]))
+    tensors = [t for t in ctx.arg(0, "tensors") if ctx.is_tensor(t) and (len(out_shape) == 1 or ctx.shape(t) != (0,))]
     dim = norm_dim(ctx.arg(1, "dim", 0), len(out_shape))
     pieces = []
     for t in tensors:

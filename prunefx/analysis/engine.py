@@ -25,7 +25,7 @@ from prunefx.analysis.atoms import AtomTable
 from prunefx.analysis.inferred import infer
 from prunefx.analysis.labels import Lab, ScalarRef, SizeRef, size_sources
 from prunefx.analysis.outputs import drop_keys
-from prunefx.analysis.parametrized import parametrization_problem
+from prunefx.analysis.parametrized import parametrization_problem, read_problem
 from prunefx.analysis.products import Product, resolve
 from prunefx.analysis.roles import Kind, Literal, ModuleRole, ParamDim, RecordKey, Role
 from prunefx.analysis.rules._registry import RULES, OpRegistry
@@ -372,9 +372,12 @@ class Engine:
         # sliced exactly when the channels it meets are (a learned pos-embedding, a layer scale).
         dims = []
         ctx = Ctx(self, node, None)
+        problem = read_problem(self.modules, str(node.target))  # export reads spectral_norm's weight and u, v
         for d, n in enumerate(val.shape):
             if n > 1:
                 atoms = self.state.atoms.new(n)
+                if problem is not None:
+                    self.state.atoms.freeze(atoms, f"{node.target}: {problem}")
                 # Recorded, not explained: only the ops that read the tensor can say what its positions are.
                 ctx._record(Kind.PARAM, str(node.target), ParamDim(d), atoms, explain=False)
                 self._read_params.setdefault(RecordKey(Kind.PARAM, str(node.target), ParamDim(d)), node.name)

@@ -29,4 +29,14 @@ def parametrization_problem(module: nn.Module | None, attr: str) -> str | None:
     return None
 
 
-__all__ = ["parametrization_problem"]
+def read_problem(modules: dict[str, nn.Module], qualname: str) -> str | None:
+    """The problem of the parametrization a tensor ``M.parametrizations.attr...`` belongs to (its inputs and state,
+    which a torch.export graph reads in place of ``M.attr``); None for any other tensor."""
+    parts = qualname.split(".")
+    if "parametrizations" not in parts[:-1]:
+        return None
+    i = len(parts) - 1 - parts[::-1].index("parametrizations")
+    return parametrization_problem(modules.get(".".join(parts[:i])), parts[i + 1]) if i + 1 < len(parts) else None
+
+
+__all__ = ["parametrization_problem", "read_problem"]

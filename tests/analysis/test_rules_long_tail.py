@@ -109,3 +109,35 @@ def test_string_padding_convs_are_pruned_under_export(groups: int) -> None:
     assert not dg.unknown_ops and the_group(dg, "a").prunable
     result = prunefx.prune(model, x, prunefx.PlanConfig(ratio=0.5), criterion="l1", capture="export")
     assert result.verified.ok and result.verified.errors and result.model.a.out_channels < 8
+
+
+class SpectralCNN(nn.Module):
+    """spectral_norm on the first conv and the Linear head; the conv between them is plain."""
+
+    def __init__(self):
+        super().__init__()
+        sn = torch.nn.utils.parametrizations.spectral_norm
+        self.a, self.b, self.c = sn(nn.Conv2d(3, 8, 3, padding=1)), nn.Conv2d(8, 8, 3, padding=1), nn.Conv2d(8, 8, 1)
+        self.fc = sn(nn.Linear(8, 5))
+
+    def forward(self, x):
+        y = torch.relu(self.c(torch.relu(self.b(torch.relu(self.a(x))))))
+        return self.fc(y.mean((2, 3)))
+
+
+@pytest.mark.parametrize("capture", ["fx", "export"])
+def test_spectral_norm_layers_freeze_in_the_analysis_naming_it_and_the_rest_prunes_exactly(capture: str) -> None:
+    # sigma is the whole weight's largest singular value: a slice has another one, so nothing pruned through it equals
+    # the masked original. Under export the graph reads the parametrization's tensors (original, _u, _v), which froze
+    # only when the oracle failed, with a trace error as the reason
+    torch.manual_seed(0)
+    result = prunefx.prune(SpectralCNN().eval(), torch.randn(2, 3, 8, 8), prunefx.PlanConfig(ratio=0.5),
+                           criterion="l1", capture=capture)
+    dg = result.graph
+    for name in ("a", "c"):
+        g = the_group(dg, name)
+        assert not g.prunable and "_SpectralNorm" in g.reasons[0] and "remove_parametrizations" in g.reasons[0]
+    assert not result.frozen_by_check
+    assert result.model.b.out_channels == result.model.c.in_channels == 4
+    assert result.model.a.out_channels == 8 and result.model.fc.in_features == 8
+    assert result.verified.ok and result.verified.exact, result.verified.message

@@ -219,6 +219,18 @@ class RunDir:
 # ---- where runs may go ------------------------------------------------------------------------------------------
 
 
+def recovery_checkpoint(path: Path, *, writer: bool = True) -> bool:
+    """Whether ``path`` (a stage's :func:`prunefx.recover` checkpoint inside the run) holds a run to continue; one cut
+    before its first record has nothing to continue and is removed by the process that writes files (``writer``)."""
+    from prunefx.train.recover import STATE_FILE
+
+    if (path / STATE_FILE).is_file():
+        return True
+    if writer and path.exists():
+        shutil.rmtree(path)  # the run's own directory, written by the stage that was cut
+    return False
+
+
 def run_root(project: str | os.PathLike[str], name: str) -> Path:
     """``project/name``, after checking ``name`` is one path component and ``project`` can hold directories."""
     text = str(name)

@@ -75,6 +75,7 @@ ModelRole = Literal["baseline", "sparse", "pruned", "finetuned", "narrow", "narr
 # init: the baseline's initialisation (seeded), not trained; any other: the saved model of that role
 Start = Literal["init", "baseline", "pruned", "narrow_init", "scratch_init"]
 NARROW_TOLERANCE = 0.03  # the narrow control's MACs match the pruned model's within this fraction
+RECOVERY_DIR = "finetune_recover"  # in weights/: the fine-tuning stage's prunefx.recover checkpoint, resumable
 DEPTH_PLAN = "depth_plan.json"  # the prune stage's DepthPlan, beside plan.json, when prune.depth removed blocks
 
 

@@ -195,6 +195,8 @@ def _worker(
             "MASTER_PORT": str(port),
         }
     )
+    # accelerate (recovery) re-sets torch's threads from the physical cores unless this says how many there are
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
     torch.set_num_threads(threads)
     try:
         fn(*args)

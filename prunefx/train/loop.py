@@ -31,6 +31,7 @@ from prunefx._io import atomic_torch_save
 from prunefx.errors import PrunefxError
 from prunefx.train.distill import DistillConfig, classification_loss
 from prunefx.train.distributed import LOCAL, DistContext
+from prunefx.train.schedule import lr_multiplier
 from prunefx.train.sparsity import BNSparsity, SparsityConfig, sparsity_stats
 
 TRAIN_FORMAT = "prunefx.trainstate/1"
@@ -143,14 +144,7 @@ class FitResult:
 
 def lr_factor(step: int, total: int, warmup: int, cfg: TrainConfig) -> float:
     """Multiplier of ``cfg.lr`` at optimizer step ``step`` of ``total`` (linear warm-up, then the schedule)."""
-    if step < warmup:
-        return (step + 1) / warmup
-    t = (step - warmup) / max(1, total - warmup)
-    if cfg.schedule == "cosine":
-        return 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
-    if cfg.schedule == "step":
-        return cfg.lr_gamma ** sum(t >= s for s in cfg.lr_steps)
-    return 1.0
+    return lr_multiplier(step, total, warmup, cfg.schedule, cfg.lr_steps, cfg.lr_gamma)
 
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
@@ -164,8 +158,9 @@ def _seed(*parts: int) -> int:
     return abs(hash(tuple(parts))) % (2 ** 31)  # hash of a tuple of ints is stable across processes
 
 
-def augment_batch(x: torch.Tensor, cfg: TrainConfig, gen: torch.Generator) -> torch.Tensor:
-    """Random crop after zero padding (zero = the dataset mean after normalisation) and horizontal flip, per image."""
+def augment_batch(x: torch.Tensor, cfg: TrainConfig, gen: torch.Generator | None = None) -> torch.Tensor:
+    """Random crop after zero padding (zero = the dataset mean after normalisation) and horizontal flip, per image
+    (drawn from ``gen``, or torch's global generator)."""
     n, _, h, w = x.shape
     if "crop" in cfg.augment and cfg.crop_pad > 0:
         p = cfg.crop_pad

@@ -20,8 +20,9 @@ gets a distillation loss that fits it, named in ``RecoverResult.losses``:
 ``config.loss`` sets one kind for every leaf, or a mapping from leaf name (as ``losses`` lists them) to kind.
 ``task_loss(student_output, batch)`` (the user's, on their targets; ``batch`` as ``data`` yields it, before
 ``inputs=``) is mixed in as ``(1 - w) * KD + w * task``; ``config.features`` adds a scaled MSE between the two
-models' outputs at named modules (outputs of the same shape: the residual stream, a block's output). AdamW,
-linear warm-up then cosine (or constant), gradient clipping. ``metric(model)`` is called with the model on the
+models' outputs at named modules (outputs of the same shape: the residual stream, a block's output);
+``teacher=None`` trains on ``task_loss`` alone. AdamW or SGD, linear warm-up then cosine, step decay or constant,
+gradient clipping. ``metric(model)`` is called with the model on the
 accelerator's device (move its batches there). Both models end on the device they started on, the teacher in the
 mode and with the ``requires_grad`` flags it was given.
 
@@ -30,7 +31,8 @@ DeepSpeed through accelerate's own config, checkpoints through ``Accelerator.sav
 its loads are weights-only). It is already what the Hugging Face stack trains with, it wraps a plain PyTorch loop
 instead of owning it (Lightning Fabric would as well, but adds a framework that nothing else here needs).
 ``checkpoint_dir`` + ``resume=True`` continue a run where it stopped, identically when the data order is
-deterministic (a list of batches, or a DataLoader with its own seeded generator).
+deterministic (a list of batches, or a DataLoader with its own seeded generator); resuming a finished run (its
+checkpoint at ``steps``) loads it and trains nothing.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from prunefx._extras import require
 from prunefx._io import atomic_write
 from prunefx.capture.inputs import Inputs
 from prunefx.errors import PrunefxError
+from prunefx.train.schedule import SCHEDULES, lr_multiplier
 
 KINDS = ("kl", "mse", "bce", "skip")
 STATE_FILE = "recover.json"  # what a checkpoint directory of this module holds besides accelerate's state
@@ -72,8 +75,12 @@ class RecoverConfig:
     steps: int = 500  # optimiser steps; the data is cycled through as often as that takes
     lr: float = 1e-4  # AdamW's peak learning rate
     weight_decay: float = 0.0
+    optimizer: str = "adamw"  # "adamw", or "sgd" (with momentum: Nesterov's)
+    momentum: float = 0.9  # sgd only
     warmup: int = 0  # steps of linear warm-up from 0 to lr
-    schedule: str = "cosine"  # after warm-up: "cosine" (to 0 at the last step) or "constant"
+    schedule: str = "cosine"  # after warm-up: "cosine" (to 0 at the last step), "step" or "constant"
+    milestones: tuple[float, ...] = (0.5, 0.75)  # schedule "step": fractions of the steps after warm-up where
+    gamma: float = 0.1  # ... the lr is multiplied by gamma
     clip: float = 1.0  # gradient norm clipping; 0 turns it off
     loss: str | Mapping[str, str] = "auto"  # "auto", one of KINDS for every output leaf, or leaf name -> kind
     temperature: float = 2.0  # kl / bce softening; the term is scaled by T^2
@@ -97,8 +104,13 @@ class RecoverConfig:
             bad.append(f"steps={self.steps}")
         if not 0 <= self.task_weight <= 1:
             bad.append(f"task_weight={self.task_weight} (a share in [0, 1])")
-        if self.schedule not in ("cosine", "constant"):
-            bad.append(f"schedule={self.schedule!r} (cosine or constant)")
+        if self.schedule not in SCHEDULES:
+            bad.append(f"schedule={self.schedule!r} ({', '.join(SCHEDULES)})")
+        if self.optimizer not in ("adamw", "sgd"):
+            bad.append(f"optimizer={self.optimizer!r} (adamw or sgd)")
+        if not 0 <= self.momentum < 1 or not 0 < self.gamma <= 1 or not all(0 < m < 1 for m in self.milestones):
+            bad.append(f"momentum={self.momentum}, gamma={self.gamma}, milestones={self.milestones} (momentum in "
+                       "[0, 1), gamma in (0, 1], milestones fractions in (0, 1))")
         kinds = [self.loss] if isinstance(self.loss, str) else list(self.loss.values())
         bad += [f"loss {k!r} (one of auto, {', '.join(KINDS)})" for k in kinds
                 if k not in KINDS and not (k == "auto" and isinstance(self.loss, str))]
@@ -112,8 +124,10 @@ class RecoverResult:
     """What :func:`recover` did: the loss of each output leaf, the progress, the evaluations."""
 
     steps: int  # the step the run ended at (counted from the start of a resumed run's first part)
-    losses: Mapping[str, str]  # output leaf -> the distillation loss it got
-    history: tuple[Mapping[str, float], ...]  # step, loss, lr at each progress line
+    losses: Mapping[str, str]  # output leaf -> the distillation loss it got (none without a teacher)
+    # at each progress line: step, loss and process_loss (the mean since the previous line, over all processes and
+    # each process's own), lr
+    history: tuple[Mapping[str, Any], ...]
     evals: tuple[Mapping[str, Any], ...]  # step, distill (eval_data's mean distillation loss), metric
     seconds: float
     resumed_from: int = 0  # the checkpoint's step, 0 for a fresh run
@@ -126,7 +140,7 @@ class RecoverResult:
 
 def recover(
     student: nn.Module,
-    teacher: nn.Module,
+    teacher: nn.Module | None,
     data: Iterable[Any],
     *,
     config: RecoverConfig | None = None,
@@ -139,47 +153,57 @@ def recover(
     accelerator: Any = None,
     log: Callable[[str], None] = print,
 ) -> RecoverResult:
-    """Train ``student`` (in place) to reproduce ``teacher``'s outputs on ``data``; ``teacher`` is not changed."""
+    """Train ``student`` (in place) to reproduce ``teacher``'s outputs on ``data``; ``teacher`` is not changed.
+
+    ``teacher=None`` fine-tunes on ``task_loss`` alone (then required), on the same engine.
+    """
     Accelerator = require("accelerate", "prunefx.train.recover").Accelerator
     from accelerate.utils import set_seed
 
     cfg = config or RecoverConfig()
+    if teacher is None and task_loss is None:
+        raise RecoverError("recover: no teacher and no task_loss, so nothing to learn from; pass the unpruned model "
+                           "as teacher, or a task_loss(output, batch)")
     acc = accelerator if accelerator is not None else Accelerator()
     root = Path(checkpoint_dir) if checkpoint_dir is not None else None
     start = _resume_point(root, cfg, resume)
     set_seed(cfg.seed)
     batches = _batches(data, acc)
     homes = [(m, next((p.device for p in m.parameters()), None), m.training, [p.requires_grad for p in
-                                                                           m.parameters()]) for m in (student, teacher)]
+                                                                           m.parameters()])
+             for m in (student, teacher) if m is not None]
     try:  # on success and on failure, both models end where they started (the teacher as it was given)
-        teacher.to(acc.device).eval().requires_grad_(False)
+        if teacher is not None:
+            teacher.to(acc.device).eval().requires_grad_(False)
         student.to(acc.device).train()
         to_args = inputs or (lambda b: b)
         first = next(iter(batches()), None)
         if first is None:
             raise RecoverError("recover: data yielded no batch; pass an iterable of model inputs (tensors, tuples or "
                                "dicts)")
-        args, kwargs = _call(to_args(first), acc.device)
-        with torch.no_grad():
-            kinds, scales = _losses(teacher(*args, **kwargs), cfg, acc)
-        optimizer = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=cfg.lr,
-                                      weight_decay=cfg.weight_decay)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(cfg))
+        kinds: dict[str, str] = {}
+        scales: dict[str, float] = {}
+        if teacher is not None:
+            args, kwargs = _call(to_args(first), acc.device)
+            with torch.no_grad():
+                kinds, scales = _losses(teacher(*args, **kwargs), cfg, acc)
+        optimizer = _optimizer([p for p in student.parameters() if p.requires_grad], cfg)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda i: lr_multiplier(i, cfg.steps, cfg.warmup, cfg.schedule, cfg.milestones, cfg.gamma))
         model, optimizer = acc.prepare(student, optimizer)
         # Not prepared: accelerate would step it once per process per call (it counts epochs of a split dataset); this
         # schedule counts optimiser steps. Registered, so its state is in every checkpoint.
         acc.register_for_checkpointing(scheduler)
         stream = _cycle(batches)
-        for _ in range(start):  # the batches the run before the checkpoint trained on, replayed without a forward
-            next(stream)
+        for _ in range(start if start < cfg.steps else 0):  # the batches trained on before the checkpoint, replayed
+            next(stream)                                      # without a forward (a finished run reads none)
         if start:
             acc.load_state(str(root / f"state-{start}"))
         hooks = _FeatureHooks(acc.unwrap_model(model), teacher, cfg.features)
-        history: list[dict[str, float]] = []
-        evals: list[dict[str, Any]] = []
+        history, evals, since = _earlier(root, start, acc)  # a resumed run reports the whole run
         began, say = time.perf_counter(), (log if acc.is_main_process else (lambda _msg: None))
         say(f"recover: {cfg.steps - start} steps from step {start} on {acc.num_processes} process(es), device "
-            f"{acc.device}; losses: {', '.join(f'{k} {v}' for k, v in kinds.items())}")
+            f"{acc.device}; losses: {', '.join(f'{k} {v}' for k, v in kinds.items()) or 'task_loss only'}")
         evaluate = _Evaluator(model, teacher, eval_data, metric, to_args, kinds, scales, cfg, hooks, acc, say)
         if eval_data is not None or metric is not None:
             evals.append(evaluate(start))
@@ -187,13 +211,17 @@ def recover(
             for step in range(start + 1, cfg.steps + 1):
                 batch = next(stream)
                 args, kwargs = _call(to_args(batch), acc.device)
-                with torch.no_grad():
-                    target = teacher(*args, **kwargs)
-                hooks.teacher_done()
                 out = model(*args, **kwargs)
-                loss = _distill(out, target, kinds, scales, cfg) + hooks.loss(cfg.feature_weight)
-                if task_loss is not None:
-                    loss = (1 - cfg.task_weight) * loss + cfg.task_weight * _scalar(task_loss(out, batch), "task_loss")
+                if teacher is None:
+                    loss = _scalar(task_loss(out, batch), "task_loss")  # type: ignore[misc]  # checked above
+                else:
+                    with torch.no_grad():
+                        target = teacher(*args, **kwargs)
+                    hooks.teacher_done()
+                    loss = _distill(out, target, kinds, scales, cfg) + hooks.loss(cfg.feature_weight)
+                    if task_loss is not None:
+                        loss = ((1 - cfg.task_weight) * loss
+                                + cfg.task_weight * _scalar(task_loss(out, batch), "task_loss"))
                 if not torch.isfinite(loss):
                     raise RecoverError(f"recover: the loss is {loss.item()} at step {step}; lower lr (now {cfg.lr:g}), "
                                        "set clip, or check the data and task_loss")
@@ -203,9 +231,13 @@ def recover(
                     acc.clip_grad_norm_(model.parameters(), cfg.clip)
                 optimizer.step()
                 scheduler.step()
+                since += torch.tensor([float(loss.detach()), 1.0], dtype=torch.float64)
                 if cfg.log_every and (step % cfg.log_every == 0 or step == cfg.steps):
-                    mean = float(acc.reduce(loss.detach(), "mean"))
-                    history.append({"step": step, "loss": mean, "lr": scheduler.get_last_lr()[0]})
+                    each = [float(v) for v in acc.gather((since[0] / since[1]).reshape(1).to(acc.device)).cpu()]
+                    mean = sum(each) / len(each)
+                    since.zero_()
+                    history.append({"step": step, "loss": mean, "process_loss": each,
+                                    "lr": scheduler.get_last_lr()[0]})
                     rate = (step - start) / max(time.perf_counter() - began, 1e-9)
                     say(f"recover: step {step}/{cfg.steps}  loss {mean:.4g}  lr {history[-1]['lr']:.3g}  "
                         f"ETA {(cfg.steps - step) / rate:.0f} s")
@@ -213,10 +245,10 @@ def recover(
                     evals.append(evaluate(step))
                 if root is not None and ((cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
                                          or step == cfg.steps):
-                    _save(acc, root, step, cfg, kinds)
+                    _save(acc, root, step, cfg, kinds, history, evals, since)
         finally:
             hooks.remove()
-        if eval_data is not None or metric is not None:
+        if (eval_data is not None or metric is not None) and start < cfg.steps:  # a finished run's was its start
             evals.append(evaluate(cfg.steps))
         model.eval()
     finally:
@@ -230,10 +262,10 @@ def _home(homes: list) -> None:
     for m, device, _, _grads in homes:
         if device is not None:
             m.to(device)
-    teacher, _, training, grads = homes[1]
-    for p, grad in zip(teacher.parameters(), grads, strict=True):
-        p.requires_grad_(grad)
-    teacher.train(training)
+    for teacher, _, training, grads in homes[1:]:
+        for p, grad in zip(teacher.parameters(), grads, strict=True):
+            p.requires_grad_(grad)
+        teacher.train(training)
 
 
 # ---- inputs and data ------------------------------------------------------------------------------------------------
@@ -283,16 +315,11 @@ def _cycle(batches: Callable[[], Iterable[Any]]) -> Iterator[Any]:
         epoch += 1
 
 
-def _schedule(cfg: RecoverConfig) -> Callable[[int], float]:
-    def factor(step: int) -> float:  # LambdaLR's step count: 0 before the first optimiser step
-        if cfg.warmup and step < cfg.warmup:
-            return (step + 1) / cfg.warmup
-        if cfg.schedule == "constant":
-            return 1.0
-        done = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
-        return 0.5 * (1 + math.cos(math.pi * min(1.0, done)))
-
-    return factor
+def _optimizer(params: list[nn.Parameter], cfg: RecoverConfig) -> torch.optim.Optimizer:
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
+                               nesterov=cfg.momentum > 0)
+    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
 
 # ---- losses ---------------------------------------------------------------------------------------------------------
@@ -427,7 +454,7 @@ class _Evaluator:
         self.model.eval()
         try:
             with torch.no_grad():
-                if self.data is not None:
+                if self.data is not None and self.teacher is not None:  # without a teacher: the metric alone
                     losses = []
                     for batch in self.data:
                         args, kwargs = _call(self.to_args(batch), self.acc.device)
@@ -482,9 +509,9 @@ def _resume_point(root: Path | None, cfg: RecoverConfig, resume: bool) -> int:
     if changed:
         raise RecoverError(f"recover: the checkpoint in {root} was made with other settings ({', '.join(changed)}); "
                            "resume with the same config (only steps and the reporting intervals may change)")
-    if saved["step"] >= cfg.steps:
-        raise RecoverError(f"recover: the checkpoint in {root} is at step {saved['step']}, not before steps="
-                           f"{cfg.steps}; raise steps to train further")
+    if saved["step"] > cfg.steps:
+        raise RecoverError(f"recover: the checkpoint in {root} is at step {saved['step']}, past steps={cfg.steps}; "
+                           "give at least its steps (equal: the finished run is loaded, nothing trained)")
     return int(saved["step"])
 
 
@@ -492,13 +519,33 @@ def _config_record(cfg: RecoverConfig) -> dict[str, Any]:
     return json.loads(json.dumps(asdict(cfg), default=list))
 
 
-def _save(acc: Any, root: Path, step: int, cfg: RecoverConfig, kinds: Mapping[str, str]) -> None:
+def _earlier(root: Path | None, start: int, acc: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
+                                                                  torch.Tensor]:
+    """The progress lines and evaluations of the run a checkpoint at ``start`` continues (none for a fresh run), and
+    this process's loss sum and step count since the last progress line before it."""
+    since = torch.zeros(2, dtype=torch.float64)
+    if not start or root is None:
+        return [], [], since
+    saved = json.loads((root / STATE_FILE).read_text())
+    if len(saved.get("since", ())) == acc.num_processes:
+        since += torch.tensor(saved["since"][acc.process_index], dtype=torch.float64)
+    # An evaluation at the checkpoint's step is made again by the resumed run (its start); older records lack these.
+    return ([h for h in saved.get("history", ()) if h["step"] <= start],
+            [e for e in saved.get("evals", ()) if e["step"] < start], since)
+
+
+def _save(acc: Any, root: Path, step: int, cfg: RecoverConfig, kinds: Mapping[str, str],
+          history: Sequence[Mapping[str, Any]] = (), evals: Sequence[Mapping[str, Any]] = (),
+          since: torch.Tensor | None = None) -> None:
     """accelerate's state for ``step``, then the record that points to it, then the previous state removed."""
     acc.wait_for_everyone()
+    every = acc.gather((since if since is not None else torch.zeros(2, dtype=torch.float64)).reshape(1, 2)
+                       .to(acc.device)).cpu().tolist()  # each process's running loss sum, for the next line
     acc.save_state(str(root / f"state-{step}"))
     if acc.is_main_process:
         previous = json.loads((root / STATE_FILE).read_text())["step"] if (root / STATE_FILE).is_file() else None
-        record = {"step": step, "config": _config_record(cfg), "losses": dict(kinds)}
+        record = {"step": step, "config": _config_record(cfg), "losses": dict(kinds), "history": list(history),
+                  "evals": list(evals), "since": every}
         atomic_write(root / STATE_FILE, json.dumps(record, indent=1).encode())
         if previous is not None and previous != step:
             shutil.rmtree(root / f"state-{previous}", ignore_errors=True)  # ours: written by the save before

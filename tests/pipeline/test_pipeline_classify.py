@@ -256,3 +256,34 @@ def test_sparsity_s_max_is_honoured(tmp_path):
                             "prune.sparsity.s_max=2e-3", "prune.finetune.epochs=0"), log=lambda _: None)
     strengths = [row["sparsity_s"] for row in _state(run.root)["stages"]["sparsity"]["history"]]
     assert max(strengths) == pytest.approx(2e-3)  # the controller wanted more (no gamma near 0 yet): capped
+
+
+def test_finetuning_cut_mid_epoch_resumes_from_its_last_epoch_and_ends_as_an_uninterrupted_run(tmp_path, monkeypatch):
+    straight = run_classify(_job(tmp_path, "name=straight"), log=lambda _: None)
+    calls, augment = [], C.augment_batch
+
+    def cut_in_the_second_epoch(x, cfg):
+        calls.append(1)
+        if len(calls) == 1 + per_epoch + 3:  # the loss-kind probe, one epoch, three steps of the next
+            raise RuntimeError("power cut during fine-tuning")
+        return augment(x, cfg)
+
+    per_epoch = len(C.load_dataset(_job(tmp_path).dataset).train) // 64  # batch 64, the last partial one dropped
+    monkeypatch.setattr(C, "augment_batch", cut_in_the_second_epoch)
+    with pytest.raises(RuntimeError, match="power cut"):
+        run_classify(_job(tmp_path, "name=cut"), log=lambda _: None)
+    monkeypatch.undo()
+    ckpt = tmp_path / "cut" / "weights" / "finetune_recover"
+    assert json.loads((ckpt / "recover.json").read_text())["step"] == per_epoch  # the first epoch's checkpoint
+    lines: list[str] = []
+    resumed = run_classify(_job(tmp_path, "name=cut", "resume=true"), log=lines.append)
+    assert any(f"steps from step {per_epoch} " in line for line in lines)  # continued, not restarted
+    ft = _state(resumed.root)["stages"]["finetune"]
+    assert [row["epoch"] for row in ft["history"]] == [1, 2, 3]  # the whole stage's history, across the cut
+    assert all("val_top1" in row for row in ft["history"])
+    job = _job(tmp_path)
+    a = prunefx.load(straight.root / "weights" / "finetuned.pt", job.factory())
+    b = prunefx.load(resumed.root / "weights" / "finetuned.pt", job.factory())
+    for (name, x), y in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
+        torch.testing.assert_close(y, x, rtol=1e-4, atol=1e-5, msg=name)
+    assert _state(straight.root)["stages"]["finetune"]["metrics"] == pytest.approx(ft["metrics"], abs=1e-6)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -184,9 +185,9 @@ def test_a_run_interrupted_and_resumed_ends_with_the_weights_of_an_uninterrupted
     torch.manual_seed(0)
     teacher, pruned = _cut(Tagger(), torch.randn(1, 20))
     data = _gaussian(6, (16, 20), 1)
-    cfg = RecoverConfig(steps=20, lr=3e-3, warmup=3, checkpoint_every=5, log_every=0)
+    cfg = RecoverConfig(steps=20, lr=3e-3, warmup=3, checkpoint_every=5, log_every=4)  # lines across the cut
     straight = copy.deepcopy(pruned)
-    recover(straight, teacher, data, config=cfg, log=_quiet)
+    uninterrupted = recover(straight, teacher, data, config=cfg, log=_quiet)
 
     calls = []
 
@@ -205,8 +206,27 @@ def test_a_run_interrupted_and_resumed_ends_with_the_weights_of_an_uninterrupted
     resumed = copy.deepcopy(pruned)  # a fresh process would rebuild the pruned model: the state brings the weights
     result = recover(resumed, teacher, data, config=cfg, checkpoint_dir=tmp_path / "ck", resume=True, log=_quiet)
     assert result.resumed_from == 10 and result.steps == 20
+    assert [h["step"] for h in result.history] == [4, 8, 12, 16, 20]  # the whole run's progress, before the cut too
+    assert [h["loss"] for h in result.history] == pytest.approx([h["loss"] for h in uninterrupted.history], rel=1e-4)
     for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values(), strict=True):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=name)
+    # Resuming the finished run (a restarted pipeline) loads its weights and trains nothing.
+    again = copy.deepcopy(pruned)
+    result = recover(again, teacher, data, config=cfg, inputs=_never_called_after_the_probe(), checkpoint_dir=tmp_path
+                     / "ck", resume=True, log=_quiet)
+    assert result.resumed_from == 20 and [h["step"] for h in result.history] == [4, 8, 12, 16, 20]
+    for (name, a), b in zip(straight.state_dict().items(), again.state_dict().values(), strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def _never_called_after_the_probe():
+    calls = []
+
+    def inputs(batch):
+        calls.append(1)
+        assert len(calls) == 1, "a finished run trained again"
+        return batch
+    return inputs
 
 
 def test_checkpoint_directories_are_never_overwritten(tmp_path) -> None:
@@ -222,8 +242,9 @@ def test_checkpoint_directories_are_never_overwritten(tmp_path) -> None:
     recover(copy.deepcopy(student), teacher, data, config=cfg, checkpoint_dir=ck, log=_quiet)
     with pytest.raises(RecoverError, match="pass resume=True"):
         recover(copy.deepcopy(student), teacher, data, config=cfg, checkpoint_dir=ck, log=_quiet)
-    with pytest.raises(RecoverError, match="raise steps"):
-        recover(copy.deepcopy(student), teacher, data, config=cfg, checkpoint_dir=ck, resume=True, log=_quiet)
+    with pytest.raises(RecoverError, match="past steps=1"):
+        recover(copy.deepcopy(student), teacher, data, config=replace(cfg, steps=1), checkpoint_dir=ck, resume=True,
+                log=_quiet)
     with pytest.raises(RecoverError, match=r"other settings \(lr\)"):
         recover(copy.deepcopy(student), teacher, data, config=RecoverConfig(steps=4, lr=1.0), checkpoint_dir=ck,
                 resume=True, log=_quiet)
@@ -347,3 +368,31 @@ def test_keyword_batches_and_inputs_are_model_calls() -> None:
     for how in ("mapping", "inputs"):  # the same calls, so the same weights
         for (k, a), b in zip(runs["positional"].state_dict().items(), runs[how].state_dict().values(), strict=True):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=f"{how}: {k}")
+
+
+def test_without_a_teacher_it_fine_tunes_on_the_task_loss_with_sgd_and_step_decay() -> None:
+    torch.manual_seed(0)
+    teacher, student = _cut(Regressor(), _sines(1, 0)[0][:1])
+    freq = [_frequency(x) for x in _sines(8, 3)]  # (signal, frequency) pairs: the regressor's own task
+    data = [(x, f) for x, f in zip(_sines(8, 3), freq, strict=True)]
+
+    def task(out: torch.Tensor, batch) -> torch.Tensor:
+        return (out.squeeze(1) - batch[1]).square().mean()
+
+    cfg = RecoverConfig(steps=40, lr=0.02, optimizer="sgd", schedule="step", milestones=(0.5,), gamma=0.1,
+                        log_every=10)
+    before = sum(float(task(student(x), (x, f))) for x, f in data) / len(data)
+    result = recover(student, None, data, config=cfg, inputs=lambda b: b[0], task_loss=task, log=_quiet)
+    after = sum(float(task(student.eval()(x), (x, f))) for x, f in data) / len(data)
+    assert result.losses == {} and after < 0.5 * before
+    assert [h["lr"] for h in result.history] == pytest.approx([0.02, 0.002, 0.002, 0.002])  # after steps 10..40
+    assert all(h["process_loss"] == [pytest.approx(h["loss"])] for h in result.history)  # one process
+    with pytest.raises(RecoverError, match="no teacher and no task_loss"):
+        recover(student, None, data, config=cfg, log=_quiet)
+    with pytest.raises(ConfigError, match="optimizer='adam'"):
+        RecoverConfig(optimizer="adam")
+
+
+def _frequency(x: torch.Tensor) -> torch.Tensor:
+    """The dominant frequency of each signal (its FFT peak), the regression target."""
+    return torch.fft.rfft(x.squeeze(1)).abs()[:, 1:].argmax(1).float() + 1

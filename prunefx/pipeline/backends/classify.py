@@ -18,6 +18,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import json
+import math
 import os
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
@@ -28,8 +30,10 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.data import DataLoader
 
 from prunefx._config import check_fields, field_names, from_dict
+from prunefx._extras import require
 from prunefx.data.classification import ClassificationData, DatasetSpec, load_dataset
 from prunefx.errors import PrunefxError
 from prunefx.metrics import Deployment
@@ -45,8 +49,9 @@ from prunefx.pipeline.classify_model import (
 )
 from prunefx.pipeline.records import RankTrained
 from prunefx.pipeline.run_config import RUN_KEYS, ConfigError, PruneSpec, StageSpec, check_keys
-from prunefx.pipeline.rundir import RunDir
+from prunefx.pipeline.rundir import RunDir, recovery_checkpoint
 from prunefx.pipeline.runner import (
+    RECOVERY_DIR,
     STAGES,
     Cuts,
     Job,
@@ -58,6 +63,7 @@ from prunefx.pipeline.runner import (
     preflight,
     resume_hint,
 )
+from prunefx.train.distill import DistillConfig
 from prunefx.train.distributed import (
     LOCAL,
     DistContext,
@@ -67,7 +73,7 @@ from prunefx.train.distributed import (
     resolve_device,
     spawn,
 )
-from prunefx.train.loop import TrainConfig, evaluate, fit
+from prunefx.train.loop import TrainConfig, augment_batch, epoch_ended, evaluate, fit
 from prunefx.train.sparsity import SparsityConfig
 
 EXAMPLE_BATCH = 32  # real training images for pruning: bias-compensation means and the oracle check use them
@@ -258,16 +264,63 @@ class ClassifyBackend:
             teacher.load_state_dict(self.dist.broadcast(dict(read_state_dict(self.path("baseline")))
                                                         if self.dist.is_main else None))
             distill = {"teacher": "baseline", **asdict(stage.distill_config)}
-        result = fit(model, self.data.train, recipe, val=self.data.val, dist=self.dist, sparsity=sparsity,
-                     checkpoint=self.path(out).with_name(f"{_STAGE_DIRS[out]}_last.pt"), log=self.log,
-                     teacher=teacher, distill=getattr(stage, "distill_config", None))
+        if out == "finetuned":  # recovery: the same engine as every other model's (prunefx.recover, accelerate)
+            history = self._recover(model, recipe, teacher, getattr(stage, "distill_config", None))
+        else:  # training the baseline, its sparsity stage or a control
+            history = fit(model, self.data.train, recipe, val=self.data.val, dist=self.dist, sparsity=sparsity,
+                          checkpoint=self.path(out).with_name(f"{_STAGE_DIRS[out]}_last.pt"), log=self.log).history
         self.save(model, out, plan)
         if start not in ("init", "baseline"):
             # What each rank trained, as rank 0 gathered it: the architecture (a digest of every tensor's name and
             # shape) and the parameter count, so state.json shows every rank fine-tuned the same pruned model.
             gathered = self.dist.all_gather((_digest(signature), sum(p.numel() for p in model.parameters())))
             ranks = tuple(RankTrained(rank=r, arch=d, params=n) for r, (d, n) in enumerate(gathered))
-        return Trained(model, result.history, distill=distill, ranks=ranks)
+        return Trained(model, history, distill=distill, ranks=ranks)
+
+    def _recover(self, model: nn.Module, recipe: TrainConfig, teacher: nn.Module | None,
+                 distill: DistillConfig | None) -> list[dict[str, Any]]:
+        """Fine-tune the pruned model by :func:`prunefx.recover`: the recipe's optimiser, schedule, augmentation and
+        cross-entropy, distilling the baseline's logits when asked; a checkpoint every epoch, resumed after a cut.
+        Its history: one row per epoch (mean loss, each rank's, lr, the validation metrics)."""
+        from prunefx.train.recover import STATE_FILE, RecoverConfig, recover
+
+        accelerator = require("accelerate", "the classification pipeline's fine-tuning").Accelerator
+
+        world, train = self.dist.world_size, self.data.train
+        per_rank = max(1, recipe.batch // world)
+        drop_last = math.ceil(len(train) / world) >= 2 * per_rank  # as fit: no lone tiny batch for BatchNorm
+        loader = DataLoader(train, batch_size=per_rank, shuffle=True, drop_last=drop_last,
+                            num_workers=recipe.workers, generator=torch.Generator().manual_seed(recipe.seed))
+        per_epoch = math.ceil(len(loader) / world)  # accelerate deals each rank every world-th batch
+        weight = distill.check_share("distill.weight").weight if teacher is not None and distill else 0.5
+        config = RecoverConfig(
+            steps=recipe.epochs * per_epoch, lr=recipe.lr, weight_decay=recipe.weight_decay, optimizer=recipe.optimizer,
+            momentum=recipe.momentum, warmup=int(recipe.warmup_epochs * per_epoch), schedule=recipe.schedule,
+            milestones=recipe.lr_steps, gamma=recipe.lr_gamma, clip=recipe.grad_clip or 0.0, loss="kl",
+            temperature=distill.temperature if distill else 4.0, task_weight=1 - weight, log_every=per_epoch,
+            eval_every=per_epoch, checkpoint_every=per_epoch, seed=recipe.seed)
+        ckpt = self.path("finetuned").with_name(RECOVERY_DIR)
+        resume = recovery_checkpoint(ckpt, writer=self.dist.is_main)
+        self.dist.barrier()
+        epochs = [int(json.loads((ckpt / STATE_FILE).read_text())["step"]) // per_epoch if resume else 0]
+
+        def metric(m: nn.Module) -> dict[str, float]:  # every rank evaluates its share of the split
+            if epochs[0] and self.dist.is_main:  # the first call is the start; then one per finished epoch
+                epoch_ended(epochs[0], recipe.epochs)
+            epochs[0] += 1
+            scores = evaluate(m, self.data.val, batch=recipe.eval_batch, dist=self.dist, workers=recipe.workers)
+            return {k: v for k, v in scores.to_dict().items() if k != "n"}
+
+        def task(out: torch.Tensor, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+            return F.cross_entropy(out, batch[1], label_smoothing=recipe.label_smoothing)
+
+        result = recover(model, teacher, loader, config=config, task_loss=task, metric=metric,
+                         inputs=lambda batch: augment_batch(batch[0], recipe),  # torch's RNG: in the checkpoint
+                         checkpoint_dir=ckpt, resume=resume, log=self.log,
+                         accelerator=accelerator(cpu=self.dist.device.type == "cpu"))
+        val = {e["step"]: e["metric"] for e in result.evals}
+        return [{"epoch": h["step"] // per_epoch, "loss": h["loss"], "rank_loss": h["process_loss"], "lr": h["lr"],
+                 **{f"val_{k}": v for k, v in val.get(h["step"], {}).items()}} for h in result.history]
 
     def _pruned_in_every_rank(
         self, role: ModelRole = "pruned"

@@ -38,8 +38,8 @@ from prunefx.capture.inputs import Inputs, positional
 from prunefx.errors import PrunefxError
 from prunefx.metrics import Deployment
 from prunefx.pipeline.run_config import RUN_KEYS, ConfigError, PruneSpec, StageSpec, check_keys
-from prunefx.pipeline.rundir import RunDir
-from prunefx.pipeline.runner import WIDTH_AND_DEPTH, Job, ModelRole, Start, Trained, run_job, saved_plans
+from prunefx.pipeline.rundir import RunDir, recovery_checkpoint
+from prunefx.pipeline.runner import RECOVERY_DIR, WIDTH_AND_DEPTH, Job, ModelRole, Start, Trained, run_job, saved_plans
 from prunefx.spec import SpecError, call_factory, resolve_factory
 from prunefx.train.distributed import LOCAL
 from prunefx.train.recover import RecoverConfig, recover
@@ -120,8 +120,9 @@ class CustomJob(Job):
         if self.task_loss is None:
             mix["task_weight"] = 0.0
         try:
-            return from_dict(RecoverConfig, {**ft.overrides, **mix, "steps": max(1, ft.epochs * batches)},
-                             "prune.finetune")
+            # a checkpoint every epoch unless the config says otherwise: resume=true continues from the last one
+            return from_dict(RecoverConfig, {"checkpoint_every": batches, **ft.overrides, **mix,
+                                             "steps": max(1, ft.epochs * batches)}, "prune.finetune")
         except PrunefxError as exc:
             raise ConfigError(str(exc)) from exc
 
@@ -250,9 +251,11 @@ class CustomBackend:
         train = self._data["train"]
         config = self.job.recover_config(len(train))
         student = self.load("pruned")
+        ckpt = self.path("finetuned").with_name(RECOVERY_DIR)
         result = recover(student, self.load("baseline"), train, config=config, inputs=lambda batch: batch[0],
                          task_loss=self._task_loss, eval_data=self._data["val"],
-                         metric=lambda model: self._evaluate(model)[self.primary_metric], log=self.log)
+                         metric=lambda model: self._evaluate(model)[self.primary_metric], log=self.log,
+                         checkpoint_dir=ckpt, resume=recovery_checkpoint(ckpt))
         self.save(student, "finetuned", self._pruned_plan())
         history = [{"step": h["step"], "loss": h["loss"], "lr": h["lr"]} for h in result.history]
         distill = {"teacher": "baseline", "losses": dict(result.losses), "steps": result.steps,

@@ -195,7 +195,11 @@ class _Sizes:
 
 
 class _Proxy(_Sizes, fx.Proxy):
-    def __getattr__(self, k: str) -> fx.proxy.Attribute:
+    def __getattr__(self, k: str) -> Any:
+        if k == "ndim":  # einops' Rearrange looks its recipe up in a dict keyed by input.ndim: it must be an int
+            rank = self.tracer.concrete_ndim(self)
+            if rank is not None:
+                return rank
         return _Attribute(self, k)  # list(img.shape): the attribute answers len() like any traced value
 
     def __setitem__(self, index: Any, value: Any) -> None:
@@ -293,6 +297,18 @@ class PrunefxTracer(fx.Tracer):
             raise fx.proxy.TraceError(f"{what} of '{node}' is not known while tracing: {exc}") from exc
         self._record(value, obj, use)
         return value
+
+    def concrete_ndim(self, obj: fx.Proxy) -> int | None:
+        """The number of dims of a traced tensor, from the example inputs (None when unknown or not a tensor)."""
+        try:
+            value = self._value(obj)
+        except NoConcreteValue:
+            return None
+        if not isinstance(value, torch.Tensor):
+            return None
+        # recorded as specialised but not as a decision: pruning changes sizes, never a tensor's number of dims
+        self._record(value.dim())
+        return value.dim()
 
     def concrete_class(self, obj: fx.Proxy) -> type:
         """torch.Tensor when the traced value is known to be a tensor, else the proxy's own type."""

@@ -75,9 +75,9 @@ def test_einops_vit_prunes_the_same_offsets_in_every_head() -> None:
         qkv = positions(g, f"layers.{i}.0.to_qkv", "out")
         assert qkv == tuple(tuple(s * 32 + h * DIM_HEAD + d for s in range(3) for h in range(HEADS))
                             for d in range(DIM_HEAD))
-    # the Rearrange layer stays opaque (fx cannot trace its ``_multirecipe[input.ndim]`` lookup); it reads the image,
-    # whose channels are never pruned, so it costs nothing here
-    assert set(dg.unknown_ops) == {"to_patch_0"} and not dg.inferred_ops
+    # the Rearrange patchify is traced through (its ``_multirecipe[input.ndim]`` lookup gets the rank as an int)
+    assert not dg.unknown_ops and not dg.inferred_ops
+    assert not any(n.op == "call_module" and n.target == "to_patch.0" for n in dg.gm.graph.nodes)
 
 
 def test_a_pruned_einops_vit_equals_the_masked_original() -> None:
@@ -113,3 +113,31 @@ def test_patch_merge_keeps_conv_channels_as_one_block_per_offset() -> None:
     result = prunefx.prune(Stem().eval(), torch.randn(2, 3, 8, 8), prunefx.PlanConfig(ratio=0.5), criterion="l1")
     assert result.verified.ok and result.verified.exact, result.verified.message
     assert result.model.fc.in_features == 4 * result.model.conv.out_channels < 32
+
+
+class ConvTokens(nn.Module):
+    """Conv feature map flattened to tokens by the Rearrange layer, then a Linear over the channels."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.tokens = Rearrange("b c h w -> b (h w) c")
+        self.fc, self.head = nn.Linear(8, 12), nn.Linear(12, 5)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.fc(self.tokens(torch.relu(self.conv(x))))))
+
+
+def test_the_rearrange_layer_is_traced_through_and_conv_channels_reach_the_linear() -> None:
+    dg = prunefx.analyze(ConvTokens().eval(), (torch.randn(2, 3, 6, 6),))
+    assert not dg.unknown_ops and not dg.inferred_ops  # was: the Rearrange module frozen as an unknown op
+    g = the_group(dg, "conv")
+    assert g.prunable and g.exact and g.channels == 8 and g is the_group(dg, "fc", "in")
+    assert positions(g, "fc", "in") == tuple((c,) for c in range(8))  # c is the last dim: channel c is column c
+    assert the_group(dg, "fc").prunable and the_group(dg, "fc").channels == 12
+    torch.manual_seed(0)
+    model, x = ConvTokens().eval(), torch.randn(2, 3, 6, 6)
+    result = prunefx.prune(model, x, prunefx.PlanConfig(ratio=0.5), criterion="l1")
+    assert result.verified.ok and result.verified.exact, result.verified.message
+    assert result.model.conv.out_channels == result.model.fc.in_features == 4
+    assert result.model.fc.out_features == 6 and result.model(x).shape == (2, 36, 5)

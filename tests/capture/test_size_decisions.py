@@ -160,3 +160,24 @@ def test_len_of_a_tensor_along_a_channel_dim_freezes_its_group():
     where = _where(Unbatched, "return feat.sum(0) / len(feat)")
     assert not group.prunable and any(where in r and "len()" in r for r in group.reasons), group.reasons
     assert dg.group_of("stem.0").prunable
+
+
+class ByRank(nn.Module):
+    """A function chosen from a dict keyed by ``x.ndim`` (einops' Rearrange layer looks its recipe up this way)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.head = _block(3, 8), nn.Linear(8, 4)
+        self.pool = {4: lambda t: t.mean((2, 3)), 3: lambda t: t.mean(2)}
+
+    def forward(self, x):
+        return self.head(self.pool[self.stem(x).ndim](self.stem(x)))
+
+
+def test_ndim_of_a_traced_tensor_is_a_python_int_from_the_example_inputs():
+    gm = prunefx.trace(ByRank(), (torch.randn(2, 3, 6, 6),), auto_leaf=False)  # was: KeyError on a Proxy key
+    where = _where(ByRank, "self.pool[self.stem(x).ndim]")
+    assert capture_info(gm).specialised[where] == 4
+    assert not capture_info(gm).decisions  # pruning changes sizes, never a tensor's number of dims
+    dg = prunefx.analyze(ByRank().eval(), torch.randn(2, 3, 6, 6))
+    assert not dg.unknown_ops and dg.group_of("stem.0").prunable

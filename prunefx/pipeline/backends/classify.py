@@ -1,4 +1,4 @@
-"""The classification backend: :func:`prunefx.train.fit` on one or many processes, state_dict and prunefx files.
+"""The classification backend: training on :func:`prunefx.train.fit`, fine-tuning on :func:`prunefx.recover`.
 
     job = ClassifyJob.from_config(load_config("configs/digits_cnn.yaml", ["epochs=3"]), config_name="digits_cnn")
     run = run_classify(job)       # -> RunDir; run.root / "report.md", run.root / "weights" / "finetuned.pt"
@@ -9,8 +9,9 @@
 Every process runs the runner's stage loop. Training stages (baseline, sparsity, fine-tuning) run in every rank
 under DistributedDataParallel; pruning and the report run in rank 0 while the others wait. Only rank 0 writes
 files. A rank gets a model from rank 0 as bytes (the pruned one through ``prunefx.load``: the plan re-applied to a
-fresh model), so no shared file system is needed across machines. Inside an interrupted training stage, resume
-continues from its last epoch checkpoint (``weights/<stage>_last.pt``).
+fresh model), so no shared file system is needed across machines, except to resume a fine-tune cut mid-stage
+(``weights/finetune_recover``, accelerate's checkpoint, is read by every rank). Inside an interrupted training
+stage, resume continues from its last epoch checkpoint (``weights/<stage>_last.pt``, or that directory).
 """
 
 from __future__ import annotations
@@ -187,7 +188,7 @@ class ClassifyJob(Job):
 
 
 class ClassifyBackend:
-    """Train with :func:`prunefx.train.fit` in every rank, evaluate over all ranks (see ``runner.Backend``)."""
+    """Train (fit) and recover (recover) in every rank, evaluate over all ranks (see ``runner.Backend``)."""
 
     cuts = Cuts(before_refit=True)  # the pruned model's checkpoint holds one PruningPlan: no prune.depth yet
 
@@ -300,8 +301,9 @@ class ClassifyBackend:
             temperature=distill.temperature if distill else 4.0, task_weight=1 - weight, log_every=per_epoch,
             eval_every=per_epoch, checkpoint_every=per_epoch, seed=recipe.seed)
         ckpt = self.path("finetuned").with_name(RECOVERY_DIR)
-        resume = recovery_checkpoint(ckpt, writer=self.dist.is_main)
-        self.dist.barrier()
+        # rank 0 decides for every rank; on several machines the others then read the checkpoint from the shared
+        # run directory (accelerate's state: each rank's RNG, rank 0's weights and optimiser)
+        resume = self.dist.broadcast(recovery_checkpoint(ckpt) if self.dist.is_main else None)
         epochs = [int(json.loads((ckpt / STATE_FILE).read_text())["step"]) // per_epoch if resume else 0]
 
         def metric(m: nn.Module) -> dict[str, float]:  # every rank evaluates its share of the split

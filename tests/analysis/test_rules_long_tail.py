@@ -141,3 +141,32 @@ def test_spectral_norm_layers_freeze_in_the_analysis_naming_it_and_the_rest_prun
     assert result.model.b.out_channels == result.model.c.in_channels == 4
     assert result.model.a.out_channels == 8 and result.model.fc.in_features == 8
     assert result.verified.ok and result.verified.exact, result.verified.message
+
+
+class Diffs(nn.Module):
+    """torch.diff of a conv's output, n=2, along the length (dim 2) or along the channels (dim 1)."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.dim = dim
+        self.a, self.b = nn.Conv1d(3, 8, 1), nn.Conv1d(8 - 2 * (dim == 1), 5, 1)
+
+    def forward(self, x):
+        return self.b(torch.diff(self.a(x), 2, self.dim))
+
+
+@pytest.mark.parametrize("capture", ["fx", "export"])
+def test_diff_keeps_the_channels_off_its_dim_and_freezes_them_along_it(capture: str) -> None:
+    # the aten rule read diff's dim at position 1, which is n: diff(x, 2, 1) was taken as a diff along dim 2 and
+    # left the mixed channels prunable; under fx, torch.diff had no rule at all (an unknown op)
+    x = torch.randn(2, 3, 9)
+    dg = prunefx.analyze(Diffs(2), (x,), capture=capture)
+    g = the_group(dg, "a")
+    assert not dg.unknown_ops and g.prunable and g.exact and g is the_group(dg, "b", "in")
+    result = prunefx.prune(Diffs(2).eval(), x, prunefx.PlanConfig(ratio=0.5), criterion="l1", capture=capture)
+    assert result.verified.ok and result.verified.exact, result.verified.message
+    assert result.model.a.out_channels == result.model.b.in_channels == 4
+    dg = prunefx.analyze(Diffs(1), (x,), capture=capture)
+    g = the_group(dg, "a")
+    assert not dg.unknown_ops and not g.prunable
+    assert any("diff along a channel dim" in r for r in g.reasons), g.reasons

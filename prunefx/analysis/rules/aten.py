@@ -203,7 +203,7 @@ def index(ctx: Ctx) -> Lab:
     return Lab((*lead, *([None] * (out_nd - len(lead) - len(rest))), *rest))
 
 
-@register_rule(aten.cumsum.default, aten.diff.default, aten.gather.default)
+@register_rule(aten.cumsum.default, aten.gather.default)  # aten.diff: reduce.diff (dim is its third argument)
 def along_dim(ctx: Ctx) -> Lab:
     """Ops that mix positions along one dim: fine off the channel dims, frozen on them."""
     lab = ctx.lab(ctx.args[0])

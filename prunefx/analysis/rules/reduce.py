@@ -161,3 +161,18 @@ def cumulative(ctx: Ctx):
         ctx.freeze(lab.dims[d], f"{name} along a channel dim depends on every channel before")
         lab = lab.replace(d, None)
     return (lab, lab) if isinstance(ctx.out, tuple) else lab
+
+
+@register_rule(torch.diff, "diff", torch.ops.aten.diff.default)
+def diff(ctx: Ctx) -> Lab:
+    """diff(x, n, dim, prepend, append): differences of neighbours along ``dim``; every other dim as it is."""
+    lab = ctx.lab(ctx.args[0])
+    d = norm_dim(ctx.arg(2, "dim", -1), lab.ndim)  # dim is the third argument: the second is n
+    ends = [e for e in (ctx.arg(3, "prepend"), ctx.arg(4, "append")) if ctx.is_tensor(e)]
+    if ends:  # extra rows along dim whose other dims must match x's: rare enough to keep whole
+        for t in (ctx.args[0], *ends):
+            ctx.freeze(ctx.lab(t), "diff with prepend / append")
+        return Lab.none(ctx.out.dim())
+    if lab.dims[d] is not None:
+        ctx.freeze(lab.dims[d], "diff along a channel dim mixes neighbouring channels")
+    return lab.replace(d, None)

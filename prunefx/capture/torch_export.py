@@ -34,7 +34,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from prunefx.capture.inputs import positional
 from prunefx.capture.record import CaptureInfo, set_capture_info
-from prunefx.capture.trace import quote_targets, targets_quoted, training_mode
+from prunefx.capture.trace import capture_settings, quote_targets, targets_quoted, training_mode
 from prunefx.capture.values import VALUE_KEY
 from prunefx.errors import TraceFailure
 
@@ -139,7 +139,7 @@ def export_graph(
     open_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())
     kwargs = {k: v for k, v in {**_kwargs_for(model), **(kwargs or {})}.items() if k in params or open_kwargs}
     printed = io.StringIO()  # on failure export prints its partial graph to stderr: the error below says it once
-    with training_mode(model, False), _quiet_export():
+    with training_mode(model, False), capture_settings(model), _quiet_export():
         try:
             with contextlib.redirect_stderr(printed):
                 ep = torch.export.export(model, example_inputs, kwargs, strict=False)

@@ -29,8 +29,8 @@ import operator
 import sys
 import traceback
 import unicodedata
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from types import ModuleType
 from typing import Any
 
@@ -70,6 +70,24 @@ def register_leaf(*types: type[nn.Module]) -> None:
         if not (isinstance(t, type) and issubclass(t, nn.Module)):
             raise TypeError(f"register_leaf expects nn.Module subclasses, got {t!r}")
         _LEAF_TYPES.add(t)
+
+
+_CAPTURE_SETTINGS: list[Callable[[nn.Module], AbstractContextManager]] = []
+
+
+def register_capture_setting(setting: Callable[[nn.Module], AbstractContextManager]) -> None:
+    """Enter ``setting(model)`` around every capture of a model, fx and export alike (a plugin's switch of what the
+    forward builds, e.g. transformers' KV cache off); it must leave the model as it found it."""
+    _CAPTURE_SETTINGS.append(setting)
+
+
+@contextmanager
+def capture_settings(model: nn.Module) -> Iterator[None]:
+    """The registered capture settings of ``model``, all entered while the block runs."""
+    with ExitStack() as stack:
+        for setting in _CAPTURE_SETTINGS:
+            stack.enter_context(setting(model))
+        yield
 
 
 _LEAF_FUNCTIONS: set[tuple[ModuleType, str]] = set()
@@ -595,8 +613,8 @@ def trace(
     _initialise_lazy(model, example_inputs)
     num_inputs = None if example_inputs is None else len(example_inputs)
     auto: dict[str, str] = {}
-    with training_mode(model, training), module_state_kept(model), _factories_take_proxy_sizes(), \
-            _leaf_functions_recorded(), _autograd_functions_recorded():
+    with training_mode(model, training), module_state_kept(model), capture_settings(model), \
+            _factories_take_proxy_sizes(), _leaf_functions_recorded(), _autograd_functions_recorded():
         while True:
             tracer = PrunefxTracer(num_inputs, [*leaves, *auto], example_inputs or ())
             try:
@@ -631,5 +649,6 @@ def trace(
     return gm
 
 
-__all__ = ["trace", "register_leaf", "register_leaf_function", "PrunefxTracer", "training_mode", "module_state_kept",
+__all__ = ["trace", "register_leaf", "register_leaf_function", "register_capture_setting", "capture_settings",
+           "PrunefxTracer", "training_mode", "module_state_kept",
            "quote_targets", "targets_quoted"]

@@ -63,9 +63,11 @@ def test_lora_llama_analyses_with_adapters_in_the_groups_of_their_layers() -> No
     assert not dg.unknown_ops
 
 
-def test_a_pruned_lora_llama_equals_the_masked_original() -> None:
-    # a cache would be an output holding traced values (see the report of issue 29): the check runs without one
-    model = _lora_llama(use_cache=False)
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_a_pruned_lora_llama_equals_the_masked_original(use_cache: bool) -> None:
+    # use_cache=True (the config's default) stopped prune at the check: a PeftModel is no PreTrainedModel, so fx
+    # traced the cache and kept the DynamicCache (holding proxies) as a graph constant that cannot be deep-copied
+    model = _lora_llama(use_cache=use_cache)
     ids = torch.randint(0, 128, (1, 8))
     # the hidden stream passes RMSNorm (never exact): left alone, so every pruned group must match exactly
     result = prunefx.prune(model, (ids,), prunefx.PlanConfig(ratio=0.4, ignore=("*embed_tokens",)), criterion="l1")
@@ -77,3 +79,30 @@ def test_a_pruned_lora_llama_equals_the_masked_original() -> None:
         assert q.lora_A["default"].out_features == q.lora_B["default"].in_features <= 4
         assert q.lora_B["default"].out_features == q.base_layer.out_features
     assert result.model(ids).logits.shape == (1, 8, 128)
+    # the capture turned the cache off only while it ran: the user's config and the pruned model's are as given
+    assert model.config.use_cache is use_cache and model.get_base_model().config.use_cache is use_cache
+    assert result.model.get_base_model().config.use_cache is use_cache
+
+
+class Wrapped(nn.Module):
+    """A user's module holding a Hugging Face Llama (no PreTrainedModel itself), called with the config's cache."""
+
+    def __init__(self, lm: nn.Module):
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, ids):
+        return self.lm(ids).logits
+
+
+def test_any_module_wrapping_a_pretrained_model_is_captured_without_the_cache() -> None:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=128)
+    assert cfg.use_cache
+    model, ids = Wrapped(transformers.LlamaForCausalLM(cfg)).eval(), torch.randint(0, 128, (1, 8))
+    result = prunefx.prune(model, (ids,), prunefx.PlanConfig(ratio=0.4, ignore=("*embed_tokens",)), criterion="l1")
+    assert result.verified.ok and result.verified.exact, result.verified.message
+    assert any(layer.mlp.up_proj.out_features < 128 for layer in result.model.lm.model.layers)
+    assert model.lm.config.use_cache is True and result.model.lm.config.use_cache is True

@@ -4,6 +4,9 @@ layouts, the layer-list compactor of depth pruning (registered when transformers
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 from torch import nn
 from transformers import PreTrainedModel
@@ -12,6 +15,7 @@ from transformers.pytorch_utils import Conv1D
 from prunefx.analysis.rules import register_rule
 from prunefx.analysis.rules.linalg import grouped_mm
 from prunefx.capture.torch_export import register_export
+from prunefx.capture.trace import register_capture_setting
 from prunefx.integrations.transformers.depth import compact_layers
 from prunefx.integrations.transformers.layouts import adopt_attention, attention_classes, install_layout
 from prunefx.metrics.flops import grouped_mm_flops, register_flops
@@ -28,6 +32,28 @@ def _export_kwargs(model: nn.Module) -> dict:
 
 
 register_export(PreTrainedModel, _export_kwargs)
+
+
+@contextmanager
+def _no_cache(model: nn.Module) -> Iterator[None]:
+    """Every Hugging Face model in ``model`` captured with ``config.use_cache`` off; the configs restored after."""
+    # A wrapper (PEFT's PeftModel, a user's module holding a Llama) is no PreTrainedModel, so it gets no
+    # use_cache=False argument: with the config's default a DynamicCache is built from traced values, and fx keeps
+    # it as a graph constant (a graph that cannot be copied for the check). Setting the config of every inner
+    # PreTrainedModel reaches them however they are wrapped.
+    configs = {id(m.config): m.config for m in model.modules()
+               if isinstance(m, PreTrainedModel) and getattr(m.config, "use_cache", False)}
+    saved = {k: c.use_cache for k, c in configs.items()}
+    try:
+        for c in configs.values():
+            c.use_cache = False
+        yield
+    finally:
+        for k, c in configs.items():
+            c.use_cache = saved[k]
+
+
+register_capture_setting(_no_cache)
 # transformers' MoE dispatch on CPU / float32: its own op with torch._grouped_mm's (S, K) x (E, K, N) semantics
 if hasattr(torch.ops.transformers, "grouped_mm_fallback"):
     register_rule(torch.ops.transformers.grouped_mm_fallback.default)(grouped_mm)

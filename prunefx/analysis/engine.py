@@ -22,7 +22,7 @@ import torch.fx as fx
 from torch import nn
 
 from prunefx.analysis.atoms import AtomTable
-from prunefx.analysis.inferred import infer
+from prunefx.analysis.inferred import Inference, infer
 from prunefx.analysis.labels import Lab, ScalarRef, SizeRef, size_sources
 from prunefx.analysis.outputs import drop_keys
 from prunefx.analysis.parametrized import parametrization_problem, read_problem
@@ -357,7 +357,10 @@ class Engine:
             return _container(ctx)  # tuple(...) / NamedTuple(...) / dict(...) built in forward
         if rule is None:
             return self._unknown(ctx, val)
-        out = rule(ctx)
+        try:
+            out = rule(ctx)
+        except Exception as exc:  # noqa: BLE001 - a rule that crashes on an input freezes what it touches
+            return self._rule_failed(ctx, val, exc)
         if any(isinstance(v, torch.Tensor) for v in _flatten(val)):
             # unknown means loud: a float/bool computed from a channel count can only be a value here
             ctx.freeze_values((ctx.args, dict(ctx.kwargs)), only_floats=True)
@@ -386,6 +389,17 @@ class Engine:
                 dims.append(None)
         return Lab(tuple(dims))
 
+    def _rule_failed(self, ctx: Ctx, val: Any, exc: Exception) -> Any:
+        """As for an op without a rule: every channel the node's inputs carry frozen, its output unlabeled."""
+        # unions the rule made before raising stay: they are relations it had established, and freezing the
+        # inputs freezes their groups whole
+        inputs = [a for a in _flatten((ctx.args, dict(ctx.kwargs))) if isinstance(a, fx.Node)]
+        desc = describe_target(ctx.node, ctx.module)
+        why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+        self.state.unknown[ctx.node.name] = f"{desc} (its rule raised {type(exc).__name__})"
+        ctx.freeze([self.env[a] for a in inputs], f"the rule for {desc} raised {why}")
+        return _unlabeled(val)
+
     def _unknown(self, ctx: Ctx, val: Any) -> Any:
         inputs = [a for a in _flatten((ctx.args, dict(ctx.kwargs))) if isinstance(a, fx.Node)]
         labs = [self.env[a] for a in inputs]
@@ -400,7 +414,10 @@ class Engine:
         # probe gave it, so what it does with it is unknown
         probe = probe and not any(size_sources(x) for x in _flatten(labs))
         if probe and isinstance(val, torch.Tensor) and any(isinstance(x, Lab) and x.labeled() for x in _flatten(labs)):
-            lab, found = infer(ctx, desc)  # probed on real values; the oracle still checks every plan
+            try:
+                lab, found = infer(ctx, desc)  # probed on real values; the oracle still checks every plan
+            except Exception as exc:  # noqa: BLE001 - a probe that crashes is a refusal, never the analysis' end
+                lab, found = None, Inference((), failure=f"the probe raised {type(exc).__name__}: {exc}")
             if lab is not None:
                 self.state.inferred[ctx.node.name] = f"{desc}: {found.describe()}"
                 return lab

@@ -72,6 +72,9 @@ def infer(ctx: Ctx, describe: str) -> tuple[Lab, Inference] | tuple[None, Infere
     out = ctx.out
     inputs = [a for a in instances((node.args, dict(node.kwargs)), fx.Node) if isinstance(ctx.value(a), torch.Tensor)]
     labs = [ctx.lab(a) for a in inputs]
+    shapes = [ctx.value(a).shape for a in inputs] + ([out.shape] if isinstance(out, torch.Tensor) else [])
+    if any(type(n) is not int for shape in shapes for n in shape):  # export's SymInt after nonzero, x[x > 0]
+        return None, Inference((), failure="a size that depends on the data: no concrete shape to probe with")
     key = _key(ctx, describe, inputs, labs)
     found = _CACHE.get(key) if key is not None else None
     if found is None:

@@ -191,7 +191,12 @@ def slice_(ctx: Ctx) -> Lab:
 def index(ctx: Ctx) -> Lab:
     """Advanced indexing: the indexed dims lose their channels (frozen); one run of indexed dims keeps the rest."""
     lab, idx = ctx.lab(ctx.args[0]), list(ctx.args[1])
-    hit = [d for d, i in enumerate(idx) if i is not None]
+    hit, d = [], 0
+    for i in idx:  # a k-dim boolean mask indexes k dims (x[x > 0] all of them), any other index one
+        v = None if i is None else ctx.value(i)
+        k = v.dim() if isinstance(v, torch.Tensor) and v.dtype in (torch.bool, torch.uint8) else 1
+        hit.extend(range(d, d + k) if i is not None else ())
+        d += k
     for d in hit:
         if lab.dims[d] is not None:
             ctx.freeze(lab.dims[d], "advanced (tensor) indexing")

@@ -7,11 +7,13 @@ subset of a group's channels can be removed with one consistent rewrite of those
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from itertools import pairwise
 
 import numpy as np
 
+from prunefx.analysis.atoms import NO_CHANNEL
 from prunefx.analysis.engine import Decision, EngineState, Record
 from prunefx.analysis.roles import OUT, Kind, RecordKey, Role, parse_role
 from prunefx.capture.concrete import USES
@@ -133,14 +135,22 @@ def _group_once(state: EngineState) -> Grouping | None:
     keys = list(state.records.keys())
     records = list(state.records.values())
     R = max(len(records), 1)
-    roots = [atoms.find(r.atoms) for r in records]
-    lengths = np.array([len(r) for r in roots], dtype=np.int64)
+    lengths = np.array([len(r.atoms) for r in records], dtype=np.int64)
+    # One find over every record's atoms (a call per record costs more than the work for small records).
+    root_of = atoms.find(np.arange(atoms.size, dtype=np.int64))  # every atom's class at once: one gather below
+    cat = np.concatenate([r.atoms for r in records]).astype(np.int64) if records else np.empty(0, np.int64)
+    occ_root = np.full(len(cat), NO_CHANNEL, dtype=np.int64)
+    ok = cat >= 0
+    occ_root[ok] = root_of[cat[ok]]
+    del cat, ok
+    roots = np.split(occ_root, np.cumsum(lengths)[:-1]) if records else []
     # Per-position arrays hold record ids, positions and class/group indices: int32 halves their memory (a 7B LLM
     # has 5.4 M recorded positions), and each is dropped as soon as it is used.
     idx_t = np.int32 if max(int(lengths.max(initial=0)), len(records)) < 2**31 else np.int64
-    occ_root = np.concatenate(roots) if roots else np.empty(0, np.int64)
     occ_rec = np.repeat(np.arange(len(records), dtype=idx_t), lengths)
-    occ_pos = np.concatenate([np.arange(n, dtype=idx_t) for n in lengths]) if roots else np.empty(0, idx_t)
+    starts_of = np.repeat(np.cumsum(lengths) - lengths, lengths)  # each occurrence's record start
+    occ_pos = (np.arange(len(occ_root), dtype=np.int64) - starts_of).astype(idx_t)
+    del starts_of
     valid = occ_root >= 0
     if not valid.all():
         occ_root, occ_rec, occ_pos = occ_root[valid], occ_rec[valid], occ_pos[valid]
@@ -151,8 +161,9 @@ def _group_once(state: EngineState) -> Grouping | None:
     n_cls = len(classes)
 
     # Signature of a class: the set of records it appears in, plus its frozen / inexact state.
-    pairs, _ = _unique_inverse(occ_cls.astype(np.int64) * R + occ_rec)
-    pair_cls, pair_rec = pairs // R, pairs % R
+    # Record-major keys: occurrences come record by record, so the sort runs over nearly sorted data.
+    pairs = _unique(occ_rec.astype(np.int64) * max(n_cls, 1) + occ_cls)
+    pair_rec, pair_cls = pairs // max(n_cls, 1), pairs % max(n_cls, 1)
     del pairs
     weights = _RNG.integers(1, 2**62, size=R, dtype=np.int64).astype(np.uint64)
     sig = np.zeros(n_cls, dtype=np.uint64)
@@ -189,7 +200,13 @@ def _group_once(state: EngineState) -> Grouping | None:
     # Members: occurrences sorted by (group, record, channel rank, position).
     occ_gid, occ_rank = gid[occ_cls], rank[occ_cls]
     del occ_cls
-    order = np.lexsort((occ_pos, occ_rank, occ_rec, occ_gid))
+    span = (int(n_grp), R, int(sizes.max(initial=1)), big)
+    if math.prod(span) < 2**62:  # one int64 key (unique per occurrence) sorts faster than a 4-key lexsort
+        key = ((occ_gid.astype(np.int64) * R + occ_rec) * span[2] + occ_rank) * big + occ_pos
+        order = np.argsort(key)
+        del key
+    else:
+        order = np.lexsort((occ_pos, occ_rank, occ_rec, occ_gid))
     o_gid, o_rec, o_rank = occ_gid[order], occ_rec[order], occ_rank[order]
     del occ_gid, occ_rec, occ_rank
     o_pos = occ_pos[order].astype(np.int64)
@@ -284,9 +301,19 @@ def _flip(dec: Decision, group: Group, dims: list) -> str | None:
     return None
 
 
+def _unique(a: np.ndarray) -> np.ndarray:
+    """Sorted unique values (np.unique without its extra passes)."""
+    s = np.sort(a)
+    return s[np.concatenate([[True], s[1:] != s[:-1]])] if len(s) else s
+
+
 def _unique_inverse(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Sorted unique values and the inverse index (sort based: far faster than np.unique's hashing here)."""
-    order = np.argsort(a, kind="stable")
+    """Sorted unique values and the inverse index (a lookup table when the values are dense, else a sort)."""
+    if len(a) and a.dtype.kind == "i" and 0 <= int(a.min()) and int(a.max()) < 4 * len(a) + 1024:
+        present = np.zeros(int(a.max()) + 1, dtype=bool)  # atom ids: bounded by the positions, no sort needed
+        present[a] = True
+        return np.flatnonzero(present), (np.cumsum(present) - 1)[a]
+    order = np.argsort(a)  # the inverse does not depend on how equal values are ordered
     sa = a[order]
     new = np.empty(len(sa), dtype=bool)
     new[:1] = True

@@ -9,6 +9,7 @@ from _graph_checks import the_group
 from torch import nn
 
 import prunefx
+from prunefx.analysis.rules import Ctx
 
 
 class Branches(nn.Module):
@@ -66,7 +67,7 @@ class Doubler(nn.Module):
 
 
 @prunefx.register_rule(Doubler)
-def _crashing_rule(ctx):
+def _crashing_rule(ctx: Ctx) -> None:
     raise IndexError("tuple index out of range")
 
 

@@ -1,7 +1,7 @@
 """How much of a trained LM's quality a plan at half the parameters keeps: right after the cut, after the re-fit,
 after distillation with 1%, 3% and 10% of the teacher's tokens, against the same architecture trained from scratch.
 
-    python -m experiments.llm_recovery --jobs 2   # 8-layer stdlib LM, seeds 0 and 1 at once (46 min on 2 cores)
+    python -m experiments.llm_recovery --jobs 2   # 8-layer stdlib LM, seeds 0 and 1 at once (25 min, cached teachers)
     python -m experiments.llm_recovery --quick    # 4 layers, one seed, 60 teacher steps (smoke test)
 
 The teacher is :func:`prunefx.examples.stdlib_lm.trained_lm` (byte-level Llama, hidden 128, 4 query heads over 2 KV
@@ -10,8 +10,9 @@ baselines' table); the same recipe at half the steps is trained too, so the tabl
 gained from its last doubling of the steps (how near its plateau it is). Every plan
 keeps 50% of the parameters WITHOUT the embeddings (each row states the exact fraction):
 
-- ``width``: ``pfx_hf.prune`` (KV groups and MLP units, Taylor scores on the calibration loss, normalised per group,
-  one width per layer), with and without the least-squares re-fit;
+- ``width``: ``pfx_hf.prune`` (KV groups and MLP units, activation scores, raw: ``configs/llm.yaml``'s default,
+  chosen from the baselines' table; the same widths in every layer, what a Llama config holds), with and without
+  the least-squares re-fit;
 - ``depth``: ``pfx_hf.prune_depth`` (whole decoder layers by block influence, ShortGPT's criterion), as many as
   gets closest to the budget; no re-fit (no layer lost inputs);
 - ``depth + width``: a quarter of the layers removed first, then widths to the budget, re-fitted.
@@ -53,7 +54,6 @@ def _shape(model) -> str:
 def _cut(plan: str, teacher, calib, refit: bool):
     """A copy of ``teacher`` cut by ``plan`` to TARGET of the parameters without embeddings (oracle-checked)."""
     import prunefx
-    from prunefx.examples import stdlib_lm as lm
     from prunefx.integrations import transformers as pfx_hf
 
     model = copy.deepcopy(teacher)
@@ -67,11 +67,9 @@ def _cut(plan: str, teacher, calib, refit: bool):
     if plan != "depth":
         width = (TARGET * total + fixed) / (_count(model) + fixed)  # PlanConfig(params=) counts every parameter
 
-        def loss(out, ids):
-            return lm.task_loss(out, (ids, ids))
-
-        result = pfx_hf.prune(model, x, prunefx.PlanConfig(params=width, normalize="mean"), criterion="taylor",
-                              loss_fn=loss, calibration=calib, refit=refit)
+        # configs/llm.yaml's default scores (activation, raw), chosen from experiments/results/llm_baselines.md
+        result = pfx_hf.prune(model, x, prunefx.PlanConfig(params=width, normalize="none"), criterion="activation",
+                              calibration=calib, refit=refit)
         assert result.verified.ok, result.verified.message
     return model
 

@@ -31,6 +31,6 @@ def attributes_kept(root: nn.Module) -> Iterator[None]:
     finally:
         for live, old in saved:
             # Same keys in the same order and the same objects: untouched (map(is_not) runs in C, this is hot).
-            if len(live) != len(old) or live.keys() != old.keys() or any(map(is_not, live.values(), old.values())):
+            if live.keys() != old.keys() or any(map(is_not, live.values(), old.values())):
                 live.clear()
                 live.update(old)

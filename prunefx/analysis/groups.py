@@ -136,8 +136,8 @@ def _group_once(state: EngineState) -> Grouping | None:
     records = list(state.records.values())
     R = max(len(records), 1)
     lengths = np.array([len(r.atoms) for r in records], dtype=np.int64)
-    # One find over every record's atoms (a call per record costs more than the work for small records).
-    root_of = atoms.find(np.arange(atoms.size, dtype=np.int64))  # every atom's class at once: one gather below
+    # Every atom's class in one find, then one gather: a find per record costs more than its work on small ones.
+    root_of = atoms.find(np.arange(atoms.size, dtype=np.int64))
     cat = np.concatenate([r.atoms for r in records]).astype(np.int64) if records else np.empty(0, np.int64)
     occ_root = np.full(len(cat), NO_CHANNEL, dtype=np.int64)
     ok = cat >= 0

@@ -10,7 +10,8 @@ import torch.fx as fx
 from torch import nn
 
 from prunefx.analysis.graph import DependencyGraph
-from prunefx.analysis.roles import IN, Kind, RecordKey
+from prunefx.analysis.roles import CHANNEL, IN, OUT, Kind, RecordKey
+from prunefx.capture.values import value
 from prunefx.metrics import measure
 
 
@@ -57,6 +58,9 @@ class CostModel:
             roles = by_module.get(name, []) or _weight_dims(mod, name, self._pos)
             if isinstance(mod, nn.modules.conv._ConvNd) and mod.groups > 1 and mod.groups == mod.in_channels:
                 roles = [k for k in roles if k.role != IN]
+            if isinstance(mod, nn.MultiheadAttention) and any(k.role == CHANNEL for k in roles):
+                self._modules.extend(_attention_parts(dg, name, float(macs), roles))
+                continue
             self._modules.append((float(macs), roles))
         self._macs_scaled = sum(m for m, _ in self._modules)
         self._params: list[tuple[int, list[RecordKey]]] = []
@@ -128,6 +132,39 @@ def _own_macs(model: nn.Module, per_module: dict[str, int]) -> dict[str, float]:
         if rest > 0:
             own[name] = float(rest)
     return own
+
+
+def _attention_parts(dg: DependencyGraph, name: str, macs: float, roles: list[RecordKey]
+                     ) -> list[tuple[float, list[RecordKey]]]:
+    """nn.MultiheadAttention's MACs split by what each part scales with: the q, k, v projections with its input
+    and its heads, the output projection with its heads and its output, QK^T and AV with its heads alone (one
+    product over all three would count the embedding's cut twice, and the attention's once too often)."""
+    calls = [n for n in dg.gm.graph.nodes if n.op == "call_module" and n.target == name]
+    args = [(n.args[0] if n.args else n.kwargs.get("query"),
+             n.args[1] if len(n.args) > 1 else n.kwargs.get("key")) for n in calls]
+    if not calls or not all(hasattr(value(a), "shape") and value(a).dim() >= 2 for pair in args for a in pair):
+        return [(macs, roles)]  # shapes unknown: the plain product
+    mod = dg.gm.get_submodule(name)
+    first = 1 if mod.batch_first else 0
+    inner = mod.out_proj.in_features
+    q_proj = kv_proj = out = att = 0.0
+    for q, k in ((value(a), value(b)) for a, b in args):
+        rows_q, rows_k = q.numel() / q.shape[-1], k.numel() / k.shape[-1]
+        src = k.shape[first] if k.dim() == 3 else k.shape[0]
+        q_proj += rows_q * q.shape[-1] * inner
+        kv_proj += 2 * rows_k * k.shape[-1] * inner
+        out += rows_q * inner * mod.out_proj.out_features
+        att += 2 * rows_q * src * inner
+    scale = macs / (q_proj + kv_proj + out + att)
+    by = {role: [r for r in roles if r.role == role] for role in (IN, CHANNEL, OUT)}
+    # the key/value projections read the key's channels: the query's own when every call attends to itself,
+    # else the columns of the separate k_proj_weight (kdim), unknown (held constant) otherwise
+    self_attention = all(a is b for a, b in args)
+    kv_in = by[IN] if self_attention else [
+        key for key in dg.record_roots if key.kind is Kind.PARAM and key.name == f"{name}.k_proj_weight"
+        and getattr(key.role, "dim", None) == 1]
+    return [(q_proj * scale, by[IN] + by[CHANNEL]), (kv_proj * scale, kv_in + by[CHANNEL]),
+            (out * scale, by[CHANNEL] + by[OUT]), (att * scale, by[CHANNEL])]
 
 
 _GROUPED = {"_grouped_mm", "grouped_mm_fallback"}  # (S, K) x (E, K, N): a mixture of experts' dispatch

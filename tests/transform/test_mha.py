@@ -290,3 +290,20 @@ def test_transformer_layers_are_traced_through_and_their_heads_pruned():
     assert layer.activation_relu_or_gelu == 0  # the fused inference path (stock head layout) is off
     with torch.no_grad():  # eval + no_grad is where nn.TransformerEncoderLayer would take it
         assert model(*x).shape == (2, 5, 3)
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+@pytest.mark.parametrize("scope", ["global", "local"])
+def test_plan_estimates_the_macs_the_pruned_attention_costs(batch_first, scope):
+    """The planner's MAC model splits an attention layer by what each part scales with (q projection: input x
+    heads; k/v: key x heads; out_proj: heads x output; QK^T and AV: heads alone), so a MACs target is met: the
+    pruned model's counted MACs are the plan's estimate (one product over all of them missed by 0.2 at 0.5)."""
+    torch.manual_seed(0)
+    model = Net(batch_first=batch_first).eval()
+    x = _inputs(batch_first)
+    base = measure(model, x).macs
+    r = prunefx.prune(copy.deepcopy(model), x, PlanConfig(flops=0.5, scope=scope), criterion="l2")
+    assert r.verified.ok
+    est = r.plan.estimate["macs_after"] / r.plan.estimate["macs_before"]
+    assert measure(r.model, x).macs / base == pytest.approx(est, abs=1e-6)
+    assert abs(est - 0.5) < 0.02

@@ -1,22 +1,23 @@
 """Plans on trained models: top-1 right after the cut and after one short fine-tune, 2x / 4x fewer MACs, 3 seeds.
 
-    python -m experiments.trained_plans [--quick] [--models resnet mobilenet] [--out experiments/results]
-    python -m experiments.trained_plans --combine trained_plans_resnet.csv trained_plans_mobilenet.csv
+    python -m experiments.trained_plans [--quick] [--models resnet mobilenet vit] [--out experiments/results]
+    python -m experiments.trained_plans --combine trained_plans_resnet_vit.csv trained_plans_mobilenet.csv
 
-Two reference CNNs (a ResNet-style net with residual adds and a MobileNetV2-style net with depthwise inverted
-residuals) are trained here on scikit-learn's digits (16x16, 80/20 split by seed) to a plateau (SGD, cosine, 40
-epochs; train loss flat over the last epochs) and cached under ``.cache/experiments/trained_plans/`` keyed by
-model, seed, epochs and ``VERSION``. Each is cut to keep 1/2 and 1/4 of its MACs by prunefx (bn_scale scores:
-raw global threshold, per-group normalised global, local uniform, measured sensitivity; each with no recovery and
-with the least-squares re-fit, whose sensitivity curves are then measured with the re-fit in the loop; raw and
-sensitivity also with BatchNorm recalibration on the calibration batches) and by Torch-Pruning 1.6.1 when it is
-importable (BNScalePruner and MagnitudePruner, global with its mean normalisation and local, the pruning ratio
-bisected to the same MACs). Kept MACs are counted independently
-(torch.utils.flop_counter). Every cut is evaluated on the held-out split before any training and after the same
-3-epoch fine-tune; the control is prunefx's raw-global architecture re-initialised and trained from scratch with
-the baseline's recipe. ``--models`` runs some of the models (written as ``trained_plans_<models>``, so two
-processes can share the work); ``--combine`` writes ``trained_plans.csv`` / ``.md`` from such CSVs, each run's
-machine line read from the ``.md`` beside its CSV, running nothing.
+Three reference models (a ResNet-style CNN with residual adds, a MobileNetV2-style CNN with depthwise inverted
+residuals and a small ViT with nn.MultiheadAttention) are trained here on scikit-learn's digits (16x16, 80/20
+split by seed) to a plateau (40 epochs, cosine; SGD for the CNNs, AdamW for the ViT; train loss flat over the last
+epochs) and cached under ``.cache/experiments/trained_plans/`` keyed by model, seed, epochs and ``VERSION``. Each
+is cut to keep 1/2 and 1/4 of its MACs by prunefx (bn_scale scores, l2 where a group has no BatchNorm: raw global
+threshold, per-group normalised global, local uniform, measured sensitivity; each with no recovery and with the
+least-squares re-fit, whose sensitivity curves are then measured with the re-fit in the loop; raw and sensitivity
+also with BatchNorm recalibration on the calibration batches where the model has BatchNorm) and by Torch-Pruning
+1.6.1 when it is importable (BNScalePruner where there is BatchNorm, and MagnitudePruner, global with its mean
+normalisation and local, the pruning ratio bisected to the same MACs). Kept MACs are counted independently
+(torch.utils.flop_counter, nn.MultiheadAttention on its reference path). Every cut is evaluated on the held-out
+split before any training and after the same 3-epoch fine-tune; the control is prunefx's raw-global architecture
+re-initialised and trained from scratch with the baseline's recipe. ``--models`` runs some of the models (written
+as ``trained_plans_<models>``, so two processes can share the work); ``--combine`` writes ``trained_plans.csv`` /
+``.md`` from such CSVs, each run's machine line read from the ``.md`` beside its CSV, running nothing.
 """
 
 from __future__ import annotations
@@ -107,14 +108,48 @@ def mobilenet() -> Net:
     return Net(32, [Inverted(32, 32, 1), Inverted(32, 48, 2), Inverted(48, 48, 1), Inverted(48, 96, 2)], 96, 192)
 
 
-MODELS = {"resnet": resnet, "mobilenet": mobilenet}
+class Encoder(nn.Module):
+    """A pre-norm transformer block: multi-head self-attention and a GELU MLP, each with a residual."""
+
+    def __init__(self, dim: int, heads: int, hidden: int) -> None:
+        super().__init__()
+        self.norm1, self.attn = nn.LayerNorm(dim), nn.MultiheadAttention(dim, heads, batch_first=True)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm1(x)
+        x = x + self.attn(h, h, h, need_weights=False)[0]
+        return x + self.mlp(self.norm2(x))
 
 
-def fit(model: nn.Module, train_set, epochs: int, lr: float, seed: int) -> list[float]:
-    """SGD with momentum and a cosine schedule; returns the mean train loss of each epoch."""
+class ViT(nn.Module):
+    """A small vision transformer: 4x4 patches of the 16x16 digit (16 tokens), 4 blocks, mean-pooled tokens."""
+
+    def __init__(self, dim: int = 64, depth: int = 4, heads: int = 4, hidden: int = 256) -> None:
+        super().__init__()
+        self.patch = nn.Conv2d(1, dim, 4, 4)
+        self.pos = nn.Parameter(torch.randn(1, 16, dim) * 0.02)
+        self.blocks = nn.Sequential(*(Encoder(dim, heads, hidden) for _ in range(depth)))
+        self.norm, self.fc = nn.LayerNorm(dim), nn.Linear(dim, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch(x).flatten(2).transpose(1, 2) + self.pos
+        return self.fc(self.norm(self.blocks(x)).mean(1))
+
+
+MODELS = {"resnet": resnet, "mobilenet": mobilenet, "vit": ViT}
+# The recipe per model: optimiser, learning rate of the baseline (and from-scratch) training, of the fine-tune.
+# The CNNs train with SGD as ResNets do; a transformer trains with AdamW as ViTs do.
+RECIPES = {"resnet": ("sgd", 0.05, 0.01), "mobilenet": ("sgd", 0.05, 0.01), "vit": ("adamw", 2e-3, 2e-4)}
+
+
+def fit(model: nn.Module, train_set, epochs: int, lr: float, seed: int, optimizer: str = "sgd") -> list[float]:
+    """SGD with momentum (or AdamW) and a cosine schedule; returns the mean train loss of each epoch."""
     x, y = train_set
     g = torch.Generator().manual_seed(seed)
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=5e-4)
+    opt = (torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=5e-4) if optimizer == "sgd" else
+           torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.05))
     steps = epochs * math.ceil(len(x) / 64)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s / steps, 1.0))))
     losses = []
@@ -141,7 +176,8 @@ def baseline(name: str, seed: int, epochs: int, train_set, cache: Path = CACHE) 
     if path.is_file():
         model.load_state_dict(torch.load(path, weights_only=True))
         return model.eval()
-    losses = fit(model, train_set, epochs, 0.05, seed)
+    optimizer, lr, _ = RECIPES[name]
+    losses = fit(model, train_set, epochs, lr, seed, optimizer)
     print(f"{name} seed {seed}: train loss {losses[0]:.3f} -> {losses[-1]:.4f} (last 5: "
           f"{', '.join(f'{v:.4f}' for v in losses[-5:])})", flush=True)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -156,16 +192,24 @@ def top1(model: nn.Module, test_set) -> float:
 
 
 def macs(model: nn.Module, x: torch.Tensor) -> float:
-    with FlopCounterMode(display=False) as counter, torch.no_grad():
-        model.eval()(x)
+    # nn.MultiheadAttention's inference fast path is one fused op FlopCounterMode has no formula for (it would
+    # count the ViT's attention as 0): the reference path's matmuls are counted instead.
+    fast = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        with FlopCounterMode(display=False) as counter, torch.no_grad():
+            model.eval()(x)
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fast)
     return counter.get_total_flops() / 2
 
 
 def _prunefx(model: nn.Module, x: torch.Tensor, keep: float, method: str, recovery: str, calibration) -> nn.Module:
     """``model`` cut by prunefx (in place; the module to use is returned), then recovered as ``recovery`` says."""
     scope = {"raw": "global", "normalized": "global", "local": "local", "sensitivity": "sensitivity"}[method]
-    cfg = prunefx.PlanConfig(flops=keep, scope=scope, normalize="mean" if method == "normalized" else "none",
-                             ignore=("fc",))
+    # No ignore pattern: the classifier's outputs are the model's output (frozen by the analysis), and
+    # ignore=("fc",) would also freeze the group fc reads (the last stage's width), which Torch-Pruning prunes.
+    cfg = prunefx.PlanConfig(flops=keep, scope=scope, normalize="mean" if method == "normalized" else "none")
     refit = recovery == "refit"  # with scope="sensitivity", prune() then measures the curves re-fit included
     needs = refit or scope == "sensitivity"
     r = prunefx.prune(model, x, cfg, criterion="bn_scale", refit=refit, sensitivity_cache=None,
@@ -187,8 +231,10 @@ def _torch_pruning(model: nn.Module, x: torch.Tensor, keep: float, method: str) 
         m = copy.deepcopy(model)
         imp = tp.importance.BNScaleImportance() if kind == "bn" else tp.importance.MagnitudeImportance(p=2)
         cls = tp.pruner.BNScalePruner if kind == "bn" else tp.pruner.MagnitudePruner
+        # nn.MultiheadAttention needs embed_dim % num_heads == 0: Torch-Pruning keeps it with round_to (its way)
+        heads = [mod.num_heads for mod in m.modules() if isinstance(mod, nn.MultiheadAttention)]
         cls(m, x, importance=imp, pruning_ratio=ratio, global_pruning=scope == "global", ignored_layers=[m.fc],
-            max_pruning_ratio=0.9).step()
+            max_pruning_ratio=0.9, round_to=max(heads) if heads else None).step()
         return m
 
     lo, hi, best = 0.0, 0.95, None
@@ -202,20 +248,22 @@ def _torch_pruning(model: nn.Module, x: torch.Tensor, keep: float, method: str) 
     return best[1]
 
 
-def _scratch(pruned: nn.Module, train_set, epochs: int, seed: int) -> nn.Module:
+def _scratch(name: str, pruned: nn.Module, train_set, epochs: int, seed: int) -> nn.Module:
     """The pruned architecture, re-initialised and trained with the baseline's recipe."""
     m = copy.deepcopy(pruned)
     torch.manual_seed(seed + 1000)
     for mod in m.modules():
         if hasattr(mod, "reset_parameters") and mod is not m:
             mod.reset_parameters()
-    fit(m, train_set, epochs, 0.05, seed + 1000)
+    optimizer, lr, _ = RECIPES[name]
+    fit(m, train_set, epochs, lr, seed + 1000, optimizer)
     return m
 
 
 def main(argv: list[str] | None = None) -> Path:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="1 model, 1 seed, 2x only, 3 epochs (smoke test)")
+    ap.add_argument("--quick", action="store_true",
+                    help="1 model (resnet unless --models), 1 seed, 2x only, 3 epochs (smoke test)")
     ap.add_argument("--out", type=Path, default=table.RESULTS)
     ap.add_argument("--cache", type=Path, default=CACHE, help="where trained baselines are kept")
     ap.add_argument("--no-train", action="store_true",
@@ -231,7 +279,7 @@ def main(argv: list[str] | None = None) -> Path:
         machines = [f"{_machine_line(path.with_suffix('.md'))} ({path.stem})" for path in args.combine]
         table.write_csv(rows, args.out / "trained_plans.csv", FIELDS, digits=4)
         return _markdown(rows, args, seeds, epochs, ft, "trained_plans", machines)
-    names = ("resnet",) if args.quick else tuple(args.models or MODELS)
+    names = tuple(args.models or (("resnet",) if args.quick else MODELS))
     targets = {"2x": 0.5} if args.quick else TARGETS
     ours = [(m, r) for m in ("raw", "normalized", "local", "sensitivity") for r in ("none", "refit")]
     ours += [("raw", "bn-recal"), ("sensitivity", "bn-recal")]
@@ -253,7 +301,11 @@ def main(argv: list[str] | None = None) -> Path:
             full, base_top1 = macs(base, x[:1]), top1(base, test_set)
             for tname, keep in targets.items():
                 cuts = {}
-                for method, recovery in [*ours, *((t, "none") for t in theirs)]:
+                # BatchNorm statistics and BN-scale pruners apply only where the model has BatchNorm.
+                has_bn = any(isinstance(mod, nn.BatchNorm2d) for mod in base.modules())
+                runs = [*ours, *((t, "none") for t in theirs)]
+                runs = [(m, r) for m, r in runs if has_bn or (r != "bn-recal" and not m.startswith("tp_bn"))]
+                for method, recovery in runs:
                     m = copy.deepcopy(base)
                     start = time.perf_counter()
                     if method.startswith("tp_"):
@@ -265,14 +317,14 @@ def main(argv: list[str] | None = None) -> Path:
                     cuts[(method, recovery)] = m
                     tuned = None if args.no_train else copy.deepcopy(m)
                     if tuned is not None:
-                        fit(tuned, train_set, ft, 0.01, seed)
+                        fit(tuned, train_set, ft, RECIPES[name][2], seed, RECIPES[name][0])
                     rows.append({"model": name, "seed": seed, "target": tname, "method": method, "recovery": recovery,
                                  "macs_kept": macs(m, x[:1]) / full, "baseline": base_top1, "cut": cut_top1,
                                  "finetuned": None if tuned is None else top1(tuned, test_set), "seconds": seconds})
                     print(rows[-1], flush=True)
                 if args.no_train:
                     continue
-                scratch = _scratch(cuts[("raw", "none")], train_set, epochs, seed)
+                scratch = _scratch(name, cuts[("raw", "none")], train_set, epochs, seed)
                 rows.append({"model": name, "seed": seed, "target": tname, "method": "scratch", "recovery": "none",
                              "macs_kept": macs(scratch, x[:1]) / full, "baseline": base_top1, "cut": None,
                              "finetuned": top1(scratch, test_set), "seconds": None})
@@ -308,9 +360,12 @@ def _markdown(rows: list[dict], args, seeds, epochs: int, ft: int, stem: str, ma
         "# Plans on trained models: top-1 right after the cut and after a short fine-tune", "",
         f"Command: `python -m experiments.trained_plans{command}`"
         f"{' (one run per model, combined)' if args.combine else ''}; models {models}. Digits 16x16, 80/20 "
-        f"split per seed, seeds {list(seeds)}; baselines trained {epochs} epochs (SGD 0.05, cosine), fine-tune "
-        f"{ft} epochs (SGD 0.01, cosine); bn_scale scores; mean ± stdev over seeds. Torch-Pruning 1.6.1's ratio "
-        "bisected to the same MACs (counted by torch.utils.flop_counter); scratch: prunefx's raw-global "
+        f"split per seed, seeds {list(seeds)}; baselines trained {epochs} epochs (CNNs: SGD 0.05; ViT: AdamW "
+        f"2e-3; cosine), fine-tune {ft} epochs (SGD 0.01; ViT: AdamW 2e-4; cosine); bn_scale scores (l2 where a "
+        "group has no BatchNorm: every ViT group); mean ± stdev over seeds. Torch-Pruning 1.6.1's ratio "
+        "bisected to the same MACs (counted by torch.utils.flop_counter, nn.MultiheadAttention on its reference "
+        "path; Torch-Pruning keeps the ViT's widths a multiple of its 4 heads with round_to=4, which "
+        "nn.MultiheadAttention needs); scratch: prunefx's raw-global "
         "architecture trained from scratch with the baseline's recipe. Recovery, before any training: refit = "
         "least-squares re-fit of the layers reading pruned channels (sensitivity curves then measured with it); "
         "bn-recal = BatchNorm running statistics re-estimated on the calibration batches "

@@ -32,3 +32,14 @@ def test_quick_run_cuts_every_method_to_the_target(tmp_path) -> None:
     machine = [line for line in md.read_text().splitlines() if line.startswith("Machine: ")]
     assert len(machine) == 1 and f"{machine[0]} (trained_plans_quick)" in combined.read_text().splitlines()
     assert [line for line in combined.read_text().splitlines() if line.startswith("| resnet")] == lines
+
+
+def test_quick_vit_meets_the_macs_target_counted_independently(tmp_path) -> None:
+    """The ViT (nn.MultiheadAttention): each prunefx plan keeps the MACs asked by torch's counter (the planner's
+    cost model once counted attention's parts as one product and missed 0.5 by 0.2); no BatchNorm rows."""
+    trained_plans.main(["--quick", "--models", "vit", "--out", str(tmp_path), "--cache", str(tmp_path / "cache")])
+    rows = table.read_csv(tmp_path / "trained_plans_quick.csv")
+    assert [(r["method"], r["recovery"]) for r in rows] == [
+        ("raw", "none"), ("normalized", "none"), ("sensitivity", "refit"), ("scratch", "none")]
+    for r in rows:
+        assert r["macs_kept"] == pytest.approx(0.5, abs=0.03), r

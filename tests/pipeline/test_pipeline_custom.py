@@ -35,8 +35,10 @@ def test_the_sine_regressor_is_pruned_and_recovered_end_to_end(tmp_path: Path) -
     assert state["status"] == "complete" and list(state["stages"]) == ["baseline", "prune", "finetune", "report"]
     r2 = {k: state["stages"][k]["metrics"]["r2"] for k in ("baseline", "prune", "finetune")}
     assert r2["baseline"] > 0.99  # trained here, near its plateau
-    assert r2["prune"] < r2["baseline"] - 0.02  # the cut costs something ...
-    assert r2["finetune"] > r2["prune"] and r2["finetune"] > r2["baseline"] - 0.01  # ... and recovery gives it back
+    # the cut alone costs something (R^2 0.88 when measured), the default re-fit gives most of it back (0.998) ...
+    cut = state["stages"]["prune"]["refit"]["metrics_before"]["r2"]
+    assert cut < r2["baseline"] - 0.02 and r2["prune"] > cut + 0.5 * (r2["baseline"] - cut)
+    assert r2["finetune"] > r2["baseline"] - 0.01  # ... and the recovery keeps it
     ft = state["stages"]["finetune"]
     assert ft["distill"]["teacher"] == "baseline" and ft["distill"]["losses"] == {"output": "mse"}
     assert ft["distill"]["steps"] == 4 * 16  # prune.finetune.epochs passes over the 16 training batches

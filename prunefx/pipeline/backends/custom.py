@@ -89,8 +89,15 @@ class CustomJob(Job):
     @staticmethod
     def recovery_spec(config: Mapping[str, Any], what: str, **defaults: Any) -> tuple[PruneSpec, bool]:
         """The ``prune:`` block of a task whose model comes trained (nothing from scratch: no sparsity, no
-        controls), its fine-tuning a recovery that distills unless told ``distill: false``; and that flag."""
+        controls), its fine-tuning a recovery that distills unless told ``distill: false``; and that flag.
+
+        ``refit`` defaults to true here (unless bias compensation is asked for, which it replaces): a trained
+        model's data is at hand, and the re-fit kept 95-99% of trained CNNs' top-1 right after the cut where
+        every plan without it fell near chance (``experiments/trained_plans.py``), the sine regressor's R^2 0.998
+        instead of 0.879, in about a second."""
         block = dict(config.get("prune") or {})
+        if not block.get("bias_compensation"):
+            defaults = {"refit": True, **defaults}
         finetune = dict(block.get("finetune") or {})
         for key in ("sparsity", "controls"):
             if block.get(key):

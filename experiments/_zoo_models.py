@@ -1,8 +1,11 @@
-"""The external model zoos of the sweep (issue 15): model ids and their builders, shared by the experiment
+"""The external model zoos of the sweep (issues 15 and 29): model ids and their builders, shared by the experiment
 ``experiments/zoo_sweep.py`` and the test ``tests/test_zoo_sweep.py``.
 
 Model ids: ``timm:NAME`` (one per timm family), ``tv:NAME`` (torchvision detection / segmentation / video / flow),
-``hf:KEY`` (transformers with small random configs), ``yolo:CFG.yaml`` (ultralytics yamls, smallest scale).
+``hf:KEY`` (transformers with small random configs), ``yolo:CFG.yaml`` (ultralytics yamls, smallest scale),
+``diffusers:KEY`` (tiny UNets and a VAE), ``peft:KEY`` (LoRA-wrapped HF and timm models), ``open_clip:NAME[.visual]``
+(a CLIP or its image tower), ``smp:ARCH-ENCODER`` (segmentation_models_pytorch). The zoos whose package is not
+installed are skipped (diffusers, open_clip_torch and segmentation-models-pytorch are no test dependency).
 :func:`build` gives the model in eval mode with seeded random weights (BatchNorm gammas spread over U(0.1, 1),
 so bn_scale has something to rank) and its example inputs; no weights are downloaded.
 """
@@ -12,7 +15,10 @@ from __future__ import annotations
 import importlib.util
 import os
 
-ZOO_PACKAGES = {"timm": "timm", "tv": "torchvision", "hf": "transformers", "yolo": "ultralytics"}
+ZOO_PACKAGES = {
+    "timm": "timm", "tv": "torchvision", "hf": "transformers", "yolo": "ultralytics", "diffusers": "diffusers",
+    "peft": "peft", "open_clip": "open_clip", "smp": "segmentation_models_pytorch",
+}
 
 # ---- timm: one model per family (module), more where a module holds distinct architectures ----------------------
 # name -> create_model kwargs (shrinks the big ones; a kwarg the model refuses falls back to the default build)
@@ -62,7 +68,17 @@ HF = [
     "vit", "deit", "beit", "dinov2", "swin", "segformer", "convnext", "convnextv2", "resnet", "mobilevit", "poolformer",
     "clip_vision", "detr", "rt_detr", "yolos", "bert", "roberta", "distilbert", "albert", "electra", "gpt2", "llama",
     "mistral", "qwen2", "phi3", "gemma", "opt", "gpt_neox", "t5_encoder", "bart_encoder", "wav2vec2", "whisper_encoder",
+    # newer families (issue 29): dense, mixture-of-experts, state-space, multi-head latent attention, full
+    # encoder-decoders, a SigLIP vision tower
+    "qwen3", "gemma3_text", "olmo2", "smollm3", "falcon", "qwen3_moe", "mixtral", "olmoe", "mamba", "mamba2",
+    "deepseek_v3", "t5", "whisper", "siglip_vision",
 ]
+
+# diffusers (tiny configs), PEFT LoRA on a HF LM and on timm, open_clip towers and a whole CLIP, smp segmentation nets
+DIFFUSERS = ["unet2d", "unet2d_condition", "autoencoder_kl"]
+PEFT = ["llama_lora", "timm_vit_lora", "timm_resnet_lora"]
+OPEN_CLIP = ["RN50.visual", "ViT-S-32.visual", "ViT-S-32"]
+SMP = ["Unet-resnet18", "FPN-mobilenet_v2", "DeepLabV3Plus-resnet18", "Segformer-mit_b0"]
 
 YOLO = [
     "yolov3-tiny.yaml", "yolov3u.yaml", "yolov3-sppu.yaml", "yolov5nu.yaml", "yolov5n-p6.yaml", "yolov6n.yaml",
@@ -84,7 +100,9 @@ YOLO = [
 
 def model_ids() -> list[str]:
     """Every model id of the sweep, zoo by zoo."""
-    return [f"timm:{n}" for n in TIMM] + [f"tv:{n}" for n in TV] + [f"hf:{n}" for n in HF] + [f"yolo:{n}" for n in YOLO]
+    zoos = {"timm": TIMM, "tv": TV, "hf": HF, "yolo": YOLO, "diffusers": DIFFUSERS, "peft": PEFT,
+            "open_clip": OPEN_CLIP, "smp": SMP}
+    return [f"{zoo}:{name}" for zoo, names in zoos.items() for name in names]
 
 
 def missing_package(mid: str) -> str | None:
@@ -253,7 +271,118 @@ def _hf(key: str):
                               max_source_positions=50, vocab_size=99, pad_token_id=0,
                               decoder_start_token_id=1, bos_token_id=1, eos_token_id=2)
         return T.WhisperModel(cfg).get_encoder(), (torch.randn(1, 16, 100),)
+    kv = dict(txt, num_key_value_heads=2)
+    if key == "qwen3":
+        return T.Qwen3ForCausalLM(T.Qwen3Config(**kv, head_dim=16)), _ids()
+    if key == "gemma3_text":
+        return T.Gemma3ForCausalLM(T.Gemma3TextConfig(**kv, head_dim=16, sliding_window=8)), _ids()
+    if key == "olmo2":
+        return T.Olmo2ForCausalLM(T.Olmo2Config(**kv)), _ids()
+    if key == "smollm3":
+        return T.SmolLM3ForCausalLM(T.SmolLM3Config(**kv, pad_token_id=0, bos_token_id=1, eos_token_id=2)), _ids()
+    if key == "falcon":
+        return T.FalconForCausalLM(T.FalconConfig(vocab_size=99, hidden_size=64, num_hidden_layers=2,
+                                                  num_attention_heads=4, new_decoder_architecture=True,
+                                                  num_kv_heads=2)), _ids()
+    moe = dict(num_local_experts=4, num_experts_per_tok=2)
+    if key == "qwen3_moe":
+        cfg = T.Qwen3MoeConfig(**kv, head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64)
+        return T.Qwen3MoeForCausalLM(cfg), _ids()
+    if key == "mixtral":
+        return T.MixtralForCausalLM(T.MixtralConfig(**kv, **moe)), _ids()
+    if key == "olmoe":
+        return T.OlmoeForCausalLM(T.OlmoeConfig(**kv, num_experts=4, num_experts_per_tok=2)), _ids()
+    if key == "mamba":
+        return T.MambaForCausalLM(T.MambaConfig(vocab_size=99, hidden_size=64, num_hidden_layers=2,
+                                                state_size=8, expand=2)), _ids()
+    if key == "mamba2":
+        cfg = T.Mamba2Config(vocab_size=99, hidden_size=64, num_hidden_layers=2, state_size=8, expand=2, head_dim=16,
+                             num_heads=8, n_groups=1, chunk_size=8)
+        return T.Mamba2ForCausalLM(cfg), _ids()
+    if key == "deepseek_v3":
+        # multi-head latent attention: every query head has its own key/value head (DeepSeek-V3's own config)
+        cfg = T.DeepseekV3Config(**{**kv, "num_key_value_heads": 4}, moe_intermediate_size=32, n_routed_experts=4,
+                                 num_experts_per_tok=2,
+                                 n_shared_experts=1, first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=24,
+                                 qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, n_group=1, topk_group=1)
+        return T.DeepseekV3ForCausalLM(cfg), _ids()
+    if key == "t5":  # the whole encoder-decoder, decoder inputs given
+        cfg = T.T5Config(vocab_size=99, d_model=64, d_ff=128, num_layers=2, num_heads=4, d_kv=16,
+                         decoder_start_token_id=0)
+        return T.T5ForConditionalGeneration(cfg), (*_ids(), None, *_ids(n=6))
+    if key == "whisper":
+        cfg = T.WhisperConfig(d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                              decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, num_mel_bins=16,
+                              max_source_positions=50, vocab_size=99, pad_token_id=0,
+                              decoder_start_token_id=1, bos_token_id=1, eos_token_id=2)
+        return T.WhisperForConditionalGeneration(cfg), (torch.randn(1, 16, 100), None, *_ids(n=6))
+    if key == "siglip_vision":
+        return T.SiglipVisionModel(T.SiglipVisionConfig(**img)), px
     raise KeyError(key)
+
+
+def _diffusers(key: str):
+    import torch
+    from diffusers import AutoencoderKL, UNet2DConditionModel, UNet2DModel
+
+    t = torch.tensor([10])
+    if key == "unet2d":
+        m = UNet2DModel(sample_size=16, in_channels=3, out_channels=3, block_out_channels=(32, 64), layers_per_block=1,
+                        down_block_types=("DownBlock2D", "AttnDownBlock2D"), norm_num_groups=8,
+                        up_block_types=("AttnUpBlock2D", "UpBlock2D"), attention_head_dim=8)
+        return m, (torch.randn(1, 3, 16, 16), t)
+    if key == "unet2d_condition":
+        m = UNet2DConditionModel(sample_size=16, in_channels=4, out_channels=4, block_out_channels=(32, 64),
+                                 layers_per_block=1, cross_attention_dim=32, attention_head_dim=8, norm_num_groups=8,
+                                 down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+                                 up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"))
+        return m, (torch.randn(1, 4, 16, 16), t, torch.randn(1, 7, 32))
+    if key == "autoencoder_kl":
+        m = AutoencoderKL(in_channels=3, out_channels=3, block_out_channels=(32, 64), layers_per_block=1,
+                          latent_channels=4, norm_num_groups=8, down_block_types=("DownEncoderBlock2D",) * 2,
+                          up_block_types=("UpDecoderBlock2D",) * 2)
+        return m, (torch.randn(1, 3, 32, 32),)
+    raise KeyError(key)
+
+
+def _peft(key: str):
+    import timm
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    if key == "llama_lora":
+        model, inputs = _hf("llama")
+        return get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj", "up_proj"])), inputs
+    if key == "timm_vit_lora":
+        model = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=64, num_classes=10)
+        return get_peft_model(model, LoraConfig(r=4, target_modules=["qkv", "fc1"])), (torch.randn(1, 3, 64, 64),)
+    if key == "timm_resnet_lora":
+        model = timm.create_model("resnet18", pretrained=False, num_classes=10)
+        cfg = LoraConfig(r=4, target_modules=["conv1", "conv2"])
+        return get_peft_model(model, cfg), (torch.randn(1, 3, 64, 64),)
+    raise KeyError(key)
+
+
+def _open_clip(key: str):
+    import open_clip
+    import torch
+
+    name, _, part = key.partition(".")
+    model = open_clip.create_model(name, pretrained=None)
+    size = open_clip.get_model_config(name)["vision_cfg"].get("image_size", 224)
+    image = torch.randn(1, 3, size, size)
+    if part == "visual":
+        return model.visual, (image,)
+    return model, (image, torch.randint(0, 1000, (1, 77)))
+
+
+def _smp(key: str):
+    import segmentation_models_pytorch as smp
+    import torch
+
+    arch, encoder = key.split("-", 1)
+    model = getattr(smp, arch)(encoder_name=encoder, encoder_weights=None, classes=3)
+    return model, (torch.randn(1, 3, 64, 64),)
 
 
 def _yolo(cfg: str):
@@ -289,7 +418,9 @@ def build(mid: str):
 
     torch.manual_seed(0)
     zoo, name = mid.split(":", 1)
-    model, inputs = {"timm": _timm, "tv": _tv, "hf": _hf, "yolo": _yolo}[zoo](name)
+    builders = {"timm": _timm, "tv": _tv, "hf": _hf, "yolo": _yolo, "diffusers": _diffusers, "peft": _peft,
+                "open_clip": _open_clip, "smp": _smp}
+    model, inputs = builders[zoo](name)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for m in model.modules():
@@ -303,7 +434,8 @@ def build(mid: str):
 # The representative subset (``zoo_sweep --quick`` and tests/test_zoo_sweep.py): one model per distinct family that
 # a CI run can afford (a few seconds each at these sizes): timm CNNs (ResNet, MBConv, ConvNeXt, DLA, RepVGG),
 # transformers and hybrids (CaiT, BEiT, EdgeNeXt, EfficientFormer-V2, MLP-Mixer), torchvision segmentation, video,
-# flow and detection, Hugging Face vision / encoder / decoder-only LMs, every ultralytics task head and RT-DETR.
+# flow and detection, Hugging Face vision / encoder / decoder-only LMs (dense, mixture of experts, state space, a whole
+# encoder-decoder), PEFT LoRA on a HF LM and a timm ViT, every ultralytics task head and RT-DETR.
 QUICK = [
     "timm:resnet10t", "timm:efficientnet_b0", "timm:convnext_atto", "timm:dla34", "timm:repvgg_a0",
     "timm:cait_xxs24_224", "timm:beit_base_patch16_224", "timm:edgenext_xx_small", "timm:efficientformerv2_s0",
@@ -311,6 +443,7 @@ QUICK = [
     "tv:lraspp_mobilenet_v3_large", "tv:r3d_18", "tv:raft_small", "tv:fasterrcnn_mobilenet_v3_large_320_fpn",
     "tv:retinanet_resnet50_fpn", "tv:ssdlite320_mobilenet_v3_large",
     "hf:vit", "hf:convnextv2", "hf:segformer", "hf:bert", "hf:llama",
+    "hf:qwen3", "hf:mixtral", "hf:mamba2", "hf:t5", "peft:llama_lora", "peft:timm_vit_lora",
     "yolo:yolo11n.yaml", "yolo:yolov8n-seg.yaml", "yolo:yolo11n-pose.yaml", "yolo:yolo26n-obb.yaml",
     "yolo:yolov8n-cls.yaml", "yolo:yolov10n.yaml", "yolo:rtdetr-l.yaml",
 ]

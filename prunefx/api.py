@@ -38,6 +38,7 @@ from prunefx.plan import CostModel, GroupPlan, PlanConfig, PlanError, PruningPla
 from prunefx.plan.latency import LatencyModel, LatencyOutcome
 from prunefx.plan.measured import plan_for_latency
 from prunefx.plan.sensitivity import SensitivityCurves
+from prunefx.plan.widths import with_registered_widths
 from prunefx.sensitivity import calibration_batches
 from prunefx.sensitivity import measure as measure_sensitivity
 from prunefx.steps import prune_in_steps
@@ -143,7 +144,7 @@ def prune(
             del passed[own]
         return prune_in_steps(prune, model, example_inputs, _plan_config(config), steps, **passed, **score_kwargs)
     example_inputs = positional(model, example_inputs)
-    config = _plan_config(config)
+    config = with_registered_widths(model, _plan_config(config))
     refit_inputs = _refit_inputs(model, calibration, bias_compensation) if refit else None  # before any work
     if config.scope == "sensitivity" and calibration is None:  # refused before any work
         raise PlanError("scope='sensitivity' measures each group's damage on calibration data: pass "

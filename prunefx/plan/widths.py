@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Callable, Iterable
+from dataclasses import replace
 
+from torch import nn
+
+from prunefx import _plugins
 from prunefx.analysis.graph import DependencyGraph
 from prunefx.analysis.roles import OUT, Kind
 from prunefx.plan.config import PlanConfig
@@ -24,4 +29,22 @@ def allowed_width(dg: DependencyGraph, gid: int, cfg: PlanConfig, n: int) -> int
     return n
 
 
-__all__ = ["allowed_width"]
+WidthRule = Callable[[nn.Module], Iterable[tuple[str, tuple[int, ...]]]]
+_WIDTH_RULES: list[WidthRule] = []
+
+
+def register_widths(rule: WidthRule) -> None:
+    """Widths a library's modules can run at, for every plan ``prunefx.prune`` makes: ``rule(model)`` gives
+    ``(module pattern, kept counts)`` pairs that join ``PlanConfig.allowed_widths`` (a kernel that needs aligned
+    rows, such as ``torch._grouped_mm`` under transformers' stacked experts, which refuses a row of 45 floats)."""
+    _WIDTH_RULES.append(rule)
+
+
+def with_registered_widths(model: nn.Module, cfg: PlanConfig) -> PlanConfig:
+    """``cfg`` with the registered width rules' pairs for ``model`` after its own (which come first and win)."""
+    _plugins.activate()  # the model's library is imported by now: its width rules register (before any analysis)
+    pairs = tuple(pair for rule in _WIDTH_RULES for pair in rule(model))
+    return replace(cfg, allowed_widths=(*cfg.allowed_widths, *pairs)) if pairs else cfg
+
+
+__all__ = ["allowed_width", "register_widths", "with_registered_widths"]

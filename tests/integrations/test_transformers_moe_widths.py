@@ -10,7 +10,7 @@ transformers = pytest.importorskip("transformers")
 
 import prunefx
 from prunefx.integrations import transformers as pfx_hf
-from prunefx.integrations.transformers.api import EXPERT_WIDTH_STEP
+from prunefx.integrations.transformers.layouts import EXPERT_WIDTH_STEP
 
 T = transformers
 V = 64
@@ -106,3 +106,20 @@ def test_grouped_expert_matmuls_are_counted_and_the_estimate_follows_them():
     assert before - after == tokens * k * 3 * hidden * cut * layers  # only the experts' widths changed
     est = result.plan.estimate
     assert est["macs_after"] / est["macs_before"] == pytest.approx(after / before, rel=1e-3)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("name", list(MOE))
+def test_plain_prune_keeps_expert_widths_the_grouped_mm_kernel_runs(name):
+    """prunefx.prune, not only pfx_hf.prune, keeps the experts' FFN width a multiple of EXPERT_WIDTH_STEP (a width
+    rule the transformers plugin registers): at 30% a free width (45 floats a row) broke torch._grouped_mm's
+    16-byte rows on CPU, the check froze the expert groups and the experts kept their whole width."""
+    make, _ = MOE[name]
+    torch.manual_seed(0)
+    model = T.AutoModelForCausalLM.from_config(make()).eval()
+    widths = {n: m.down_proj.shape[-1] for n, m in model.named_modules() if hasattr(m, "gate_up_proj")}
+    result = prunefx.prune(model, _ids(), prunefx.PlanConfig(ratio=0.3), criterion="l2")
+    assert result.verified.ok and not result.frozen_by_check, result.frozen_by_check
+    for n, width in widths.items():
+        new = result.model.get_submodule(n).down_proj.shape[-1]
+        assert new < width and new % EXPERT_WIDTH_STEP == 0, (n, width, new)

@@ -15,7 +15,7 @@ from torch import nn
 from prunefx.api import PruneResult
 from prunefx.api import prune as _prune
 from prunefx.errors import PrunefxError
-from prunefx.integrations.transformers.layouts import adopt_attention, expert_width
+from prunefx.integrations.transformers.layouts import adopt_attention
 from prunefx.integrations.transformers.pretrained import (
     check_config,
     derived_config,
@@ -61,27 +61,13 @@ def prune(
         stream = (*stream, *language_model(model)[1])
     # head counts the config can write (Llama: hidden_size % heads == 0), so the user's save_pretrained works
     config = replace(config, ignore=(*config.ignore, *stream), uniform_layers=not per_layer,
-                     allowed_widths=(*config.allowed_widths, *head_widths(model), *expert_widths(model)))
+                     allowed_widths=(*config.allowed_widths, *head_widths(model)))  # experts': registered
     with warnings.catch_warnings():  # a base model's stream is its output, frozen already: nothing to ignore
         for pattern in stream:
             warnings.filterwarnings("ignore", message=f"ignore pattern {re.escape(repr(pattern))} matches no module")
         result = _prune(model, example_inputs, config, criterion=criterion, **kwargs)
     said = update_config(result.model)
     return replace(result, warnings=(*result.warnings, said)) if said else result
-
-
-EXPERT_WIDTH_STEP = 8  # stacked expert weights run through grouped_mm, whose kernels want 16-byte rows (bf16: 8)
-
-
-def expert_widths(model: nn.Module) -> tuple[tuple[str, tuple[int, ...]], ...]:
-    """``PlanConfig.allowed_widths`` of the experts' FFN widths: multiples of :data:`EXPERT_WIDTH_STEP` (or all of
-    it), so the pruned experts still run through ``grouped_mm`` (torch's kernel refuses other row strides)."""
-    out = []
-    for name, m in model.named_modules():  # a stacked experts module: it counts its experts and has a down_proj
-        width = expert_width(m) if isinstance(getattr(m, "num_experts", None), int) else None
-        if width:
-            out.append((f"{name}.*", (*range(EXPERT_WIDTH_STEP, width, EXPERT_WIDTH_STEP), width)))
-    return tuple(out)
 
 
 def update_config(model: nn.Module) -> str | None:

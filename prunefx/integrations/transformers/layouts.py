@@ -57,6 +57,21 @@ def expert_width(experts: nn.Module) -> int | None:
     return int(down.shape[-2] if getattr(experts, "is_transposed", False) else down.shape[-1])
 
 
+EXPERT_WIDTH_STEP = 8  # stacked expert weights run through grouped_mm, whose kernels want 16-byte rows (bf16: 8)
+
+
+def expert_widths(model: nn.Module) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """``PlanConfig.allowed_widths`` of the experts' FFN widths: multiples of :data:`EXPERT_WIDTH_STEP` (or all of
+    it), so the pruned experts still run through ``grouped_mm`` (torch's kernel refuses other row strides).
+    Registered for every plan (``prunefx.plan.widths.register_widths``): a kernel's limit, whoever prunes."""
+    out = []
+    for name, m in model.named_modules():  # a stacked experts module: it counts its experts and has a down_proj
+        width = expert_width(m) if isinstance(getattr(m, "num_experts", None), int) else None
+        if width:
+            out.append((f"{name}.*", (*range(EXPERT_WIDTH_STEP, width, EXPERT_WIDTH_STEP), width)))
+    return tuple(out)
+
+
 def rewrite_attributes(m: nn.Module, layout: AttentionLayout) -> None:
     """Set the layout's head attributes of ``m`` from its projections' widths."""
     heads, kv, hd = attention_widths(m, layout)

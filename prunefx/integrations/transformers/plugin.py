@@ -17,8 +17,14 @@ from prunefx.analysis.rules.linalg import grouped_mm
 from prunefx.capture.torch_export import register_export
 from prunefx.capture.trace import register_capture_setting
 from prunefx.integrations.transformers.depth import compact_layers
-from prunefx.integrations.transformers.layouts import adopt_attention, attention_classes, install_layout
+from prunefx.integrations.transformers.layouts import (
+    adopt_attention,
+    attention_classes,
+    expert_widths,
+    install_layout,
+)
 from prunefx.metrics.flops import grouped_mm_flops, register_flops
+from prunefx.plan.widths import register_widths
 from prunefx.transform.depth import register_compactor
 from prunefx.transform.fixers import register_fixer
 
@@ -58,6 +64,8 @@ register_capture_setting(_no_cache)
 if hasattr(torch.ops.transformers, "grouped_mm_fallback"):
     register_rule(torch.ops.transformers.grouped_mm_fallback.default)(grouped_mm)
     register_flops(torch.ops.transformers.grouped_mm_fallback, grouped_mm_flops)
+# stacked experts run through grouped_mm, whose kernels refuse unaligned rows: every plan keeps aligned widths
+register_widths(expert_widths)
 # removed decoder layers leave the layer list; num_hidden_layers, layer_types and layer_idx follow
 register_compactor(lambda model, container, positions: compact_layers(model, container, positions)
                    if isinstance(model, PreTrainedModel) else None)

@@ -179,9 +179,11 @@ def test_heads_frozen_with_the_reason_naming_the_module(net, why):
 
 
 def test_a_subclass_keeps_its_widths_frozen():
-    # traced through, its functional forward has no rule; made a leaf, the rule cannot give it the pruned forward
+    # traced through, its functional forward's rule ties fc (the query) to key and value, the model's input, through
+    # in_proj_weight's columns; made a leaf, the rule cannot give it the pruned forward
     traced = prunefx.analyze(_Subclassed(), torch.randn(2, 5, 16))
-    assert "no rule for torch.nn.functional.multi_head_attention_forward" in traced.group_of("fc").reasons[0]
+    assert traced.group_of("fc").reasons[0].startswith(
+        "F.multi_head_attention_forward in 'att': query, key and value share in_proj_weight's columns")
     leaf = prunefx.analyze(_Subclassed(), torch.randn(2, 5, 16), leaves=["att"])
     assert not leaf.group_of("fc").prunable
     assert "nn.MultiheadAttention 'att' is a subclass (_Sub)" in leaf.group_of("fc").reasons[0]

@@ -435,7 +435,8 @@ def build(mid: str):
 # a CI run can afford (a few seconds each at these sizes): timm CNNs (ResNet, MBConv, ConvNeXt, DLA, RepVGG),
 # transformers and hybrids (CaiT, BEiT, EdgeNeXt, EfficientFormer-V2, MLP-Mixer), torchvision segmentation, video,
 # flow and detection, Hugging Face vision / encoder / decoder-only LMs (dense, mixture of experts, state space, a whole
-# encoder-decoder), PEFT LoRA on a HF LM and a timm ViT, every ultralytics task head and RT-DETR.
+# encoder-decoder), PEFT LoRA on a HF LM and a timm ViT, a diffusers UNet with attention, every ultralytics task head
+# and RT-DETR.
 QUICK = [
     "timm:resnet10t", "timm:efficientnet_b0", "timm:convnext_atto", "timm:dla34", "timm:repvgg_a0",
     "timm:cait_xxs24_224", "timm:beit_base_patch16_224", "timm:edgenext_xx_small", "timm:efficientformerv2_s0",
@@ -443,7 +444,7 @@ QUICK = [
     "tv:lraspp_mobilenet_v3_large", "tv:r3d_18", "tv:raft_small", "tv:fasterrcnn_mobilenet_v3_large_320_fpn",
     "tv:retinanet_resnet50_fpn", "tv:ssdlite320_mobilenet_v3_large",
     "hf:vit", "hf:convnextv2", "hf:segformer", "hf:bert", "hf:llama",
-    "hf:qwen3", "hf:mixtral", "hf:mamba2", "hf:t5", "peft:llama_lora", "peft:timm_vit_lora",
+    "hf:qwen3", "hf:mixtral", "hf:mamba2", "hf:t5", "peft:llama_lora", "peft:timm_vit_lora", "diffusers:unet2d",
     "yolo:yolo11n.yaml", "yolo:yolov8n-seg.yaml", "yolo:yolo11n-pose.yaml", "yolo:yolo26n-obb.yaml",
     "yolo:yolov8n-cls.yaml", "yolo:yolov10n.yaml", "yolo:rtdetr-l.yaml",
 ]

@@ -22,6 +22,8 @@ import torch.fx as fx
 from torch import nn
 
 from prunefx.analysis.atoms import AtomTable
+from prunefx.analysis.divisions import Division, Where
+from prunefx.analysis.divisions import resolve as resolve_divisions
 from prunefx.analysis.inferred import Inference, infer
 from prunefx.analysis.labels import Lab, ScalarRef, SizeRef, size_sources
 from prunefx.analysis.outputs import drop_keys
@@ -66,6 +68,8 @@ class EngineState:
     batch_tags: list[np.ndarray] = field(default_factory=list)  # channels that index slices of a contraction
     inside: set[RecordKey] = field(default_factory=set)  # parameter dims whose channels no graph edge carries
     decisions: list[Decision] = field(default_factory=list)  # Python decisions on sizes, checked by build_groups
+    divisions: list[Division] = field(default_factory=list)  # ``c // heads`` sizes, decided after the walk
+    followers: dict[Where, list[Where]] = field(default_factory=dict)  # ``heads * (c // heads)``
 
 
 @dataclass
@@ -216,6 +220,11 @@ class Ctx:
         the walk (see :mod:`prunefx.analysis.products`)."""
         self.state.products.append(Product(grid, tuple(factors), tuple(literal), f"reshape at {self.where()}"))
 
+    def divide(self, source: np.ndarray, out: np.ndarray, k: int, at: Where) -> None:
+        """``out``'s count is ``len(source) // k``, ``k`` the literal at ``at``: per-block offsets or whole blocks,
+        decided after the walk (:mod:`prunefx.analysis.divisions`)."""
+        self.state.divisions.append(Division(source, out, k, at, f"size at {self.where()}"))
+
     def tag_batch(self, atoms: np.ndarray | None) -> None:
         """These channels index independent slices of a contraction (attention heads of q.k^T)."""
         if atoms is not None:
@@ -297,9 +306,20 @@ class Engine:
         for node in self.gm.graph.nodes:
             self.env[node] = self._visit(node)
         self._collect_decisions()
+        self._resolve_divisions()  # its unions explain channels too
         self._freeze_unexplained()
         self._resolve_products()
+        self._drop_lone_literals()
         return self.state
+
+    def _resolve_divisions(self) -> None:
+        nodes = {n.name: n for n in self.gm.graph.nodes}
+
+        def constant(at: Where, atoms: np.ndarray) -> None:
+            name, path, owner = at
+            Ctx(self, nodes[name], None).constant(path, atoms, at=(name, owner))
+
+        resolve_divisions(self.state.atoms, self.state.divisions, self.state.followers, constant)
 
     def _resolve_products(self) -> None:
         records = self.state.records
@@ -308,6 +328,15 @@ class Engine:
         # A literal that sized a factor which did not become the unit never changes: it belongs to no group.
         dropped = {id(a) for p, k in done for j, (_, a) in enumerate(p.factors) if j != k}
         for key in [k for k, r in records.items() if r.kind is Kind.CONST and id(r.source) in dropped]:
+            del records[key]
+
+    def _drop_lone_literals(self) -> None:
+        """Drop the literals whose channels no layer or parameter shares."""
+        # such a literal (a mask's ones(n, n), a zero state's batch dim) never changes: it belongs to no group
+        records, find = self.state.records, self.state.atoms.find
+        held = [find(r.atoms) for r in records.values() if r.kind is not Kind.CONST]
+        shared = np.unique(np.concatenate(held)) if held else np.empty(0, np.int64)
+        for key in [k for k, r in records.items() if r.kind is Kind.CONST and not np.isin(find(r.atoms), shared).any()]:
             del records[key]
 
     def _collect_decisions(self) -> None:
@@ -465,6 +494,9 @@ def size_arith(ctx: Ctx, val: Any, labs: list[Any]) -> Any:
         sources = tuple(s for r in (*refs, *scalars) for s in r.sources)
         if scalars:  # int(math.sqrt(c)): no form a rule can follow
             return SizeRef(val, sources)
+        whole = _undivided(ctx, labs)
+        if whole is not None:  # heads * (c // heads) is c again, whether heads stays or follows the kept blocks
+            return whole
         exact = ctx.node.target in (operator.pos, int) and len(refs) == 1 and refs[0].exact
         return SizeRef(val, sources, exact, **({} if exact else _arith_form(ctx, val, labs)))
     if isinstance(val, (float, bool, complex)):  # math.sqrt(c), c ** -0.5, c > 8: provenance kept
@@ -505,8 +537,20 @@ def _arith_form(ctx: Ctx, val: int, labs: list[Any]) -> dict[str, Any]:
                 return {"literal": (ctx.node.name, ("args", i), ctx.owner(), lit)}
     if target is operator.floordiv and isinstance(a, SizeRef) and a.exact and len(a.sources) == 1:
         if _is_literal_int(raw[1]) and b > 0 and len(a.sources[0]) % b == 0:
-            return {"div": b}
+            return {"div": b, "div_at": (ctx.node.name, ("args", 1), ctx.owner())}
     return {}
+
+
+def _undivided(ctx: Ctx, labs: list[Any]) -> SizeRef | None:
+    """``k * (c // k)`` with both ``k`` literals: exactly ``c``; the factor is recorded to follow the divisor."""
+    if ctx.node.target not in (operator.mul, operator.imul) or len(labs) != 2 or len(ctx.args) != 2 or ctx.kwargs:
+        return None
+    for i in (0, 1):
+        lit, ref = ctx.args[i], labs[1 - i]
+        if _is_literal_int(lit) and isinstance(ref, SizeRef) and ref.div == lit and ref.div_at is not None:
+            ctx.state.followers.setdefault(ref.div_at, []).append((ctx.node.name, ("args", i), ctx.owner()))
+            return SizeRef(lit * ref.value, ref.sources, exact=True)
+    return None
 
 
 def _is_literal_int(a: Any) -> bool:

@@ -49,7 +49,9 @@ class SizeRef:
     ``exact``: it *is* one dim's size (no arithmetic), so a view using it can be tied to that dim.
     The arithmetic forms a rule can still follow after pruning (at most one is set):
     ``product``: the product of the sizes of ``sources`` (``h * c`` from ``b, h, n, c = q.shape``);
-    ``div``: ``len(sources[0]) // div`` exactly (``c // num_heads``);
+    ``div``: ``len(sources[0]) // div`` exactly (``c // num_heads``); ``div_at``: where that divisor is written, as
+    ``(node name, ("args", 1), owner)``, when it is a literal of the code (then it may follow the count of kept blocks
+    instead: whole heads pruned, head_dim kept);
     ``literal``: ``(node name, ("args", i), owner, value)`` of an int literal that this value is a multiple of, the
     other factors sizes of dims never pruned (``b * num_heads``): rewriting that literal rewrites the value.
     """
@@ -59,6 +61,7 @@ class SizeRef:
     exact: bool = False
     product: bool = False
     div: int = 0
+    div_at: tuple[str, tuple, str] | None = None
     literal: tuple[str, tuple, str, int] | None = None
 
 

@@ -33,7 +33,7 @@ class Product:
     where: str
 
 
-def _free(atoms: AtomTable, arr: np.ndarray) -> bool:
+def removable(atoms: AtomTable, arr: np.ndarray) -> bool:
     """Some class of ``arr`` can still be removed."""
     roots = np.unique(atoms.find(arr))
     roots = roots[roots >= 0]
@@ -74,14 +74,15 @@ def resolve(
     while pending:
         pick = None
         for p in pending:
-            free = [k for k, (_, a) in enumerate(p.factors) if _free(atoms, a)]
+            free = [k for k, (_, a) in enumerate(p.factors) if removable(atoms, a)]
             if len(free) <= 1:
                 pick = (p, free[0] if free else -1)
                 break
         if pick is None:  # every product has a real choice: decide the first in graph order
             p = pending[0]
             tagged, literal = np.unique(atoms.find(tags)), np.unique(atoms.find(lits))  # roots move with each union
-            ranked = [(_rank(atoms, p, k, tagged, literal), k) for k, (_, a) in enumerate(p.factors) if _free(atoms, a)]
+            free = [k for k, (_, a) in enumerate(p.factors) if removable(atoms, a)]
+            ranked = [(_rank(atoms, p, k, tagged, literal), k) for k in free]
             pick = (p, max(ranked)[1])
         p, k = pick
         pending.remove(p)

@@ -11,12 +11,22 @@ int following a child's width (ultralytics' ``C2f.c``); integrations register th
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from torch import nn
 
 from prunefx.analysis.roles import CHANNEL, IN, OUT, ModuleRole, Normalized
 
-Fixer = Callable[[nn.Module, dict[ModuleRole, int]], None]
+
+@dataclass(frozen=True)
+class LiteralCount:
+    """Key of a fixer's ``widths``: a literal channel count of the module's own forward, by its traced value
+    (``self.heads`` was 8 in ``view(b, -1, self.heads, d)``); the value is the count it must become."""
+
+    value: int
+
+
+Fixer = Callable[[nn.Module, dict[ModuleRole | LiteralCount, int]], None]
 _FIXERS: dict[type, Fixer] = {}
 _OWNS_LITERALS: set[type] = set()
 
@@ -30,7 +40,9 @@ def register_fixer(*types: type, literals: bool = False) -> Callable[[Fixer], Fi
 
     ``literals=True`` declares that the fixer rewrites every attribute the module's own forward turns into a channel
     count (``view(b, self.num_heads, ...)``): the literals the analysis recorded in that forward then follow the new
-    widths without rewriting the traced graph (:func:`owned_modules`), and the oracle checks the claim."""
+    widths without rewriting the traced graph (:func:`owned_modules`), and the oracle checks the claim. Such a
+    fixer also finds, under :class:`LiteralCount` keys of ``widths``, the new value of each of those literals that
+    changed (the module's ``heads`` attribute when whole heads went)."""
 
     def deco(fn: Fixer) -> Fixer:
         for t in types:
@@ -56,7 +68,7 @@ def fixer_for(module: nn.Module) -> Fixer | None:
     return None
 
 
-def fix_attributes(model: nn.Module, widths: dict[str, dict[ModuleRole, int]]) -> None:
+def fix_attributes(model: nn.Module, widths: dict[str, dict[ModuleRole | LiteralCount, int]]) -> None:
     """Run every module's fixer: modules with analysed widths first, then the containers above them."""
     named = list(model.named_modules())
     for name, module in named:

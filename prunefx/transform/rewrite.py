@@ -15,7 +15,7 @@ from prunefx import _plugins
 from prunefx.analysis.graph import DependencyGraph
 from prunefx.analysis.roles import Kind, Literal, ModuleRole
 from prunefx.plan import PlanError, PruningPlan, validate_plan
-from prunefx.transform.fixers import fix_attributes, owned_modules
+from prunefx.transform.fixers import LiteralCount, fix_attributes, owned_modules
 from prunefx.transform.keep import keep_by_root, kept_positions
 from prunefx.transform.reparametrize import parametrized_names, slice_parametrized
 
@@ -37,7 +37,7 @@ def apply_plan(model: nn.Module, dg: DependencyGraph, plan: PruningPlan, *, grap
     # A literal inside a module whose fixer rewrites its attributes follows by itself; only the others are rewritten.
     owner_of = {(m.name, m.role): m.module_type for g in dg.groups for m in g.members if m.kind is Kind.CONST}
     slices: dict[str, list[tuple[int, torch.Tensor]]] = {}
-    widths: dict[str, dict[ModuleRole, int]] = {}
+    widths: dict[str, dict[ModuleRole | LiteralCount, int]] = {}
     consts: list[tuple[str, Literal, int]] = []
     for (kind, name, role), roots in dg.record_roots.items():
         pos = kept_positions(roots, sorted_roots, keep)
@@ -45,8 +45,12 @@ def apply_plan(model: nn.Module, dg: DependencyGraph, plan: PruningPlan, *, grap
             slices.setdefault(name, []).append((role.dim, torch.as_tensor(pos)))
         elif kind is Kind.MODULE:
             widths.setdefault(name, {})[role] = len(pos)
-        elif kind is Kind.CONST and len(pos) < len(roots) and owner_of.get((name, role)) not in owned:
-            consts.append((name, role, len(pos)))
+        elif kind is Kind.CONST and len(pos) < len(roots):
+            owner = owner_of.get((name, role))
+            if owner in owned:  # its fixer rewrites the attribute the literal came from: tell it the new count
+                widths.setdefault(owner, {})[LiteralCount(len(roots))] = len(pos)
+            else:
+                consts.append((name, role, len(pos)))
     tensors = dict(model.named_parameters(remove_duplicate=False))
     tensors.update(model.named_buffers(remove_duplicate=False))
     parametrized = parametrized_names(model, [n for n in slices if n not in tensors])  # checked before any change

@@ -81,6 +81,9 @@ def check_size(ctx: Ctx, ref: Any, out_atoms: np.ndarray, own: np.ndarray | None
         ctx.union(ref.sources[0], out_atoms)
         ctx.note(out_atoms, f"channel count tied to another tensor's size at {ctx.where()}")
         return
+    if ref.div and ref.div_at is not None and len(ref.sources) == 1 and len(ref.sources[0]) == ref.div * len(out_atoms):
+        ctx.divide(ref.sources[0], out_atoms, ref.div, ref.div_at)  # same offsets per block, or whole blocks
+        return
     if ref.div and len(ref.sources) == 1 and len(ref.sources[0]) == ref.div * len(out_atoms):
         # c // k sets this count: pruning offset d here prunes offset d of each of the k blocks of c, so c' // k
         # stays the count kept here (``reshape(b, n, heads, c // heads)`` with c the width of another tensor)

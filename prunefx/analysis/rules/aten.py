@@ -9,6 +9,7 @@ survives), indexing is spelled ``slice`` / ``select`` / ``index``, and masks and
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from prunefx.analysis.labels import Lab
@@ -81,14 +82,36 @@ def type_as(ctx: Ctx) -> Lab:
     return ctx.lab(ctx.args[0])
 
 
-@register_rule(
-    aten.arange.default, aten.arange.start, aten.arange.start_step, aten.new_ones.default, aten.new_zeros.default,
-    aten.new_full.default, aten.new_empty.default, aten.zeros.default, aten.ones.default, aten.full.default,
-    aten.empty.memory_format, aten.scalar_tensor.default,
-)  # fmt: skip
+@register_rule(aten.arange.default, aten.arange.start, aten.arange.start_step, aten.scalar_tensor.default)
 def creation(ctx: Ctx) -> Lab:
-    """A tensor made from sizes alone (a mask, positions): no input's channels flow into it."""
+    """Positions or a scalar made from numbers alone: no input's channels flow into it."""
     return Lab.none(ctx.out.dim())
+
+
+# constant-filled factories -> index of their size list
+FILLED = {
+    aten.zeros.default: 0, aten.ones.default: 0, aten.full.default: 0, aten.empty.memory_format: 0,
+    aten.new_zeros.default: 1, aten.new_ones.default: 1, aten.new_full.default: 1, aten.new_empty.default: 1,
+}  # fmt: skip
+
+
+@register_rule(*FILLED)
+def filled(ctx: Ctx) -> Lab:
+    """A constant-filled tensor of literal sizes: each dim longer than one gets channels counted by its literal."""
+    # export specialises torch.zeros(b, x.shape[1]) to literals; the fx rule (create.factory) reads the coupling from
+    # the size's provenance. Here an element-wise op couples the dim to the channels it meets (a scan's zero state
+    # times x): a slice of a constant fill is the same fill, so the literal follows the kept count. Channels that
+    # meet nothing sliceable are frozen by the op that meets them; a literal left in no group is dropped.
+    i = FILLED[ctx.node.target]
+    ctx.freeze_values(ctx.args[i + 1 :])  # full's fill value: a number
+    dims: list[np.ndarray | None] = []
+    for d, size in enumerate(ctx.args[i]):
+        if isinstance(size, int) and not isinstance(size, bool) and size > 1:
+            dims.append(ctx.fresh(size))
+            ctx.constant(("args", i, d), dims[-1])
+        else:
+            dims.append(None)
+    return Lab(tuple(dims))
 
 
 @register_rule(aten._assert_tensor_metadata.default, aten._assert_scalar.default)

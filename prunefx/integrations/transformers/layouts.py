@@ -4,15 +4,20 @@ The analysis finds heads from the graph (a reshape into heads x head_dim whose h
 attention product); what it cannot know is which Python attributes a class keeps about them. A layout names them,
 and its fixer re-derives them from the projections' new widths after slicing. An attention class without a layout
 keeps its literals unclaimed, so its heads are left alone with a reason naming the node and the module.
+State-space mixers (Mamba) have no heads: ``MIXERS`` holds the rewrite of the widths their forward reads.
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 from torch import nn
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -146,10 +151,38 @@ def adopt_attention(model: nn.Module) -> None:
             install_layout(type(m), _LLAMA)
 
 
+def rewrite_mamba(m: nn.Module) -> None:
+    """Set a Mamba mixer's width attributes (and its conv1d's and dt_proj's) from its weights."""
+    # its slow forward splits x_proj's output by time_step_rank and ssm_state_size, and runs conv1d and dt_proj
+    # through their weights alone, so no module fixer sees those two
+    inner, state = m.A_log.shape
+    m.intermediate_size, m.ssm_state_size = int(inner), int(state)
+    m.time_step_rank = m.dt_proj.in_features = int(m.dt_proj.weight.shape[1])
+    m.dt_proj.out_features = int(inner)
+    m.conv1d.in_channels = m.conv1d.out_channels = m.conv1d.groups = int(m.conv1d.weight.shape[0])  # depthwise
+    m.hidden_size = int(m.out_proj.weight.shape[0])
+
+
+# state-space mixers: the fixer that re-derives their width attributes (and owns their forward's literals)
+MIXERS: dict[str, Callable[[nn.Module], None]] = {
+    "transformers.models.mamba.modeling_mamba.MambaMixer": rewrite_mamba,
+}
+
+
+def mixer_classes() -> dict[type, Callable[[nn.Module], None]]:
+    """The installed transformers' state-space mixer classes with their attribute rewrite."""
+    return _installed(MIXERS)
+
+
 def attention_classes() -> dict[type, AttentionLayout]:
     """The installed transformers' classes that have a layout (a family missing from this version is skipped)."""
+    return _installed(LAYOUTS)
+
+
+def _installed(table: dict[str, T]) -> dict[type, T]:
+    """The classes of ``table`` (by dotted path) this transformers version has, with their values."""
     found = {}
-    for path, layout in LAYOUTS.items():
+    for path, layout in table.items():
         module, _, name = path.rpartition(".")
         try:
             found[getattr(importlib.import_module(module), name)] = layout

@@ -22,6 +22,7 @@ from prunefx.integrations.transformers.layouts import (
     attention_classes,
     expert_widths,
     install_layout,
+    mixer_classes,
 )
 from prunefx.metrics.flops import grouped_mm_flops, register_flops
 from prunefx.plan.widths import register_widths
@@ -79,3 +80,6 @@ def _conv1d(m: nn.Module, widths: dict) -> None:
 
 for _cls, _layout in attention_classes().items():
     install_layout(_cls, _layout)
+
+for _cls, _rewrite in mixer_classes().items():  # Mamba: the mixer's slow forward reads its widths from attributes
+    register_fixer(_cls, literals=True)(lambda m, widths, rewrite=_rewrite: rewrite(m))

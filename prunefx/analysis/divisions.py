@@ -24,11 +24,10 @@ Where = tuple[str, tuple, str]
 
 @dataclass(frozen=True, eq=False)
 class Division:
-    """A dim of ``len(out)`` positions sized ``len(source) // k``, with ``k`` written at ``at``."""
+    """A dim of ``len(out)`` positions sized ``width // k``, with ``k`` written at ``at``."""
 
-    source: np.ndarray  # atoms of the divided width
+    blocks: np.ndarray  # atoms of the divided width as (k, len(out)): blocks[b, d] is offset d of block b
     out: np.ndarray  # atoms of the dim the quotient sized
-    k: int
     at: Where
     where: str
 
@@ -50,13 +49,13 @@ def resolve(
     for at, group in by_literal.items():
         whole = any(not removable(atoms, d.out) for d in group)
         for d in group:
-            blocks = d.source.reshape(d.k, len(d.out))
+            blocks = d.blocks
             if whole:
                 atoms.freeze(d.out, f"{d.where}: whole blocks of {len(d.out)} are pruned, so this size stays")
                 atoms.union(blocks, np.broadcast_to(blocks[:, :1], blocks.shape), f"{d.where}: one unit per block")
             else:
                 atoms.union(blocks, np.broadcast_to(d.out, blocks.shape), f"{d.where}: the same offset in every block")
         if whole:
-            lead = np.ascontiguousarray(group[0].source.reshape(group[0].k, -1)[:, 0])
+            lead = np.ascontiguousarray(group[0].blocks[:, 0])
             for lit in (at, *followers.get(at, ())):
                 constant(lit, lead)

@@ -220,10 +220,10 @@ class Ctx:
         the walk (see :mod:`prunefx.analysis.products`)."""
         self.state.products.append(Product(grid, tuple(factors), tuple(literal), f"reshape at {self.where()}"))
 
-    def divide(self, source: np.ndarray, out: np.ndarray, k: int, at: Where) -> None:
-        """``out``'s count is ``len(source) // k``, ``k`` the literal at ``at``: per-block offsets or whole blocks,
-        decided after the walk (:mod:`prunefx.analysis.divisions`)."""
-        self.state.divisions.append(Division(source, out, k, at, f"size at {self.where()}"))
+    def divide(self, blocks: np.ndarray, out: np.ndarray, at: Where) -> None:
+        """``out``'s count is a width // k, laid out as ``blocks`` (k, len(out)), k the literal at ``at``: per-block
+        offsets or whole blocks, decided after the walk (:mod:`prunefx.analysis.divisions`)."""
+        self.state.divisions.append(Division(blocks, out, at, f"size at {self.where()}"))
 
     def tag_batch(self, atoms: np.ndarray | None) -> None:
         """These channels index independent slices of a contraction (attention heads of q.k^T)."""

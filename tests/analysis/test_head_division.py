@@ -111,3 +111,29 @@ def test_whole_heads_without_a_fixer_need_the_graph_rewritten():
                            criterion="l2")  # fmt: skip
     assert any(gp.group == g.id and gp.after == H // 2 for gp in result.plan.pruned)
     assert result.verified.ok and result.verified.exact, result.verified.message
+
+
+class OuterQuotient(nn.Module):
+    """``x.view(b, y.shape[1] // 4, 4)``: the quotient is the outer piece, so its blocks are runs of 4 in y."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.x, self.y, self.head = nn.Linear(6, 12), nn.Linear(6, 12), nn.Linear(12, 3)
+
+    def forward(self, inp: torch.Tensor) -> torch.Tensor:
+        x, y = self.x(inp), self.y(inp)
+        anchors = y.shape[-1] // 4
+        z = x.view(x.shape[0], anchors, 4) * y.view(y.shape[0], anchors, 4)
+        return self.head(z.flatten(1))
+
+
+def test_an_outer_quotient_couples_whole_runs_of_the_divided_width():
+    model, inp = OuterQuotient().eval(), torch.randn(2, 6)
+    dg = prunefx.analyze(model, inp)
+    (g,) = dg.groups_of("y", "out")
+    runs = tuple(tuple(range(a * 4, a * 4 + 4)) for a in range(3))
+    assert g.prunable and g.channels == 3 and dg.groups_of("x", "out") == [g] == dg.groups_of("head", "in")
+    assert _positions(g, "y", "out") == runs == _positions(g, "x", "out")
+    result = prunefx.prune(model, inp, prunefx.PlanConfig(ratio=0.34, scope="local"), criterion="l2")
+    assert model.y.weight.shape == (8, 6)
+    assert result.verified.ok and result.verified.exact, result.verified.message

@@ -60,8 +60,13 @@ def passthrough(ctx: Ctx) -> Lab:
     return ctx.lab(ctx.args[0])
 
 
-def check_size(ctx: Ctx, ref: Any, out_atoms: np.ndarray, own: np.ndarray | None, path: tuple) -> None:
-    """The size argument ``ref`` sets the length of a dim labeled ``out_atoms``; make that hold after pruning."""
+def check_size(
+    ctx: Ctx, ref: Any, out_atoms: np.ndarray, own: np.ndarray | None, path: tuple, inner: bool | None = True
+) -> None:
+    """The size argument ``ref`` sets the length of a dim labeled ``out_atoms``; make that hold after pruning.
+
+    ``inner``: the dim is the innermost piece of a split (``view(b, k, c // k)``), the outermost (False:
+    ``view(b, c // k, k)``) or neither (None); it says how a ``c // k`` size lays its blocks out in ``c``."""
     if isinstance(ref, int) and not isinstance(ref, SizeRef) and path is not None and not isinstance(ref, bool):
         if ref != -1:
             ctx.constant(path, out_atoms)
@@ -81,14 +86,16 @@ def check_size(ctx: Ctx, ref: Any, out_atoms: np.ndarray, own: np.ndarray | None
         ctx.union(ref.sources[0], out_atoms)
         ctx.note(out_atoms, f"channel count tied to another tensor's size at {ctx.where()}")
         return
-    if ref.div and ref.div_at is not None and len(ref.sources) == 1 and len(ref.sources[0]) == ref.div * len(out_atoms):
-        ctx.divide(ref.sources[0], out_atoms, ref.div, ref.div_at)  # same offsets per block, or whole blocks
-        return
-    if ref.div and len(ref.sources) == 1 and len(ref.sources[0]) == ref.div * len(out_atoms):
-        # c // k sets this count: pruning offset d here prunes offset d of each of the k blocks of c, so c' // k
-        # stays the count kept here (``reshape(b, n, heads, c // heads)`` with c the width of another tensor)
+    if ref.div and inner is not None and len(ref.sources) == 1 and len(ref.sources[0]) == ref.div * len(out_atoms):
+        # c // k sets this count: the k blocks of c, each as long as this dim (blocks[b, d]: offset d of block b)
         k, n = ref.div, len(out_atoms)
-        ctx.union(ref.sources[0].reshape(k, n), np.broadcast_to(out_atoms, (k, n)))
+        blocks = ref.sources[0].reshape(k, n) if inner else ref.sources[0].reshape(n, k).T
+        if ref.div_at is not None:  # k is a literal: same offsets per block, or whole blocks (decided later)
+            ctx.divide(blocks, out_atoms, ref.div_at)
+            return
+        # pruning offset d here prunes offset d of each block, so c' // k stays the count kept here
+        # (``reshape(b, n, heads, c // heads)`` with c the width of another tensor)
+        ctx.union(blocks, np.broadcast_to(out_atoms, (k, n)))
         ctx.note(out_atoms, f"channel count is another tensor's width // {k} at {ctx.where()}")
         return
     ctx.freeze(np.concatenate([*ref.sources, out_atoms]), "a size computed from another tensor's channels")
@@ -211,7 +218,8 @@ def reshape(ctx: Ctx, x: Any, out_shape: tuple[int, ...], sizes: list[tuple[Any,
         for p, arr in picked.items():
             dims[jj[p]] = arr
             if sizes is not None:
-                check_size(ctx, sizes[jj[p]][0], arr, own, sizes[jj[p]][1])
+                inner = True if p == max(varying) else False if p == min(varying) else None
+                check_size(ctx, sizes[jj[p]][0], arr, own, sizes[jj[p]][1], inner)
     if sizes is not None:
         for j, (ref, _) in enumerate(sizes):
             if dims[j] is None:

@@ -84,6 +84,10 @@ EXPERIMENTS = {
     "zoo_sweep": Experiment(
         "experiments.zoo_sweep", "timm / torchvision / transformers / ultralytics zoos pruned at 30%, vs Torch-Pruning"
     ),  # a zoo whose package is missing is skipped inside, with a message
+    "trained_plans_yolo": Experiment(
+        "experiments.trained_plans_yolo", "trained YOLOv8n at 2x / 4x: prunefx raw / sensitivity + re-fit vs TP, mAP",
+        ("ultralytics",),
+    ),
 }
 
 

@@ -28,6 +28,7 @@ import importlib.util
 import math
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -237,14 +238,20 @@ def _torch_pruning(model: nn.Module, x: torch.Tensor, keep: float, method: str) 
             max_pruning_ratio=0.9, round_to=max(heads) if heads else None).step()
         return m
 
+    return bisect_cut(cut, lambda m: macs(m, x) / full, keep, steps=14)
+
+
+def bisect_cut(cut: Callable[[float], nn.Module], kept: Callable[[nn.Module], float], keep: float,
+               steps: int) -> nn.Module:
+    """The cut whose kept fraction of the MACs comes closest to ``keep``, bisecting Torch-Pruning's ratio."""
     lo, hi, best = 0.0, 0.95, None
-    for _ in range(14):
+    for _ in range(steps):
         mid = (lo + hi) / 2
         m = cut(mid)
-        kept = macs(m, x) / full
-        if best is None or abs(kept - keep) < abs(best[0] - keep):
-            best = (kept, m)
-        lo, hi = (mid, hi) if kept > keep else (lo, mid)
+        fraction = kept(m)
+        if best is None or abs(fraction - keep) < abs(best[0] - keep):
+            best = (fraction, m)
+        lo, hi = (mid, hi) if fraction > keep else (lo, mid)
     return best[1]
 
 
@@ -331,10 +338,10 @@ def main(argv: list[str] | None = None) -> Path:
     stem = ("trained_plans_quick" if args.quick else "trained_plans" if set(names) == set(MODELS) else
             "trained_plans_" + "_".join(names))
     table.write_csv(rows, args.out / f"{stem}.csv", FIELDS, digits=4)
-    return _markdown(rows, args, seeds, epochs, ft, stem, [_machine(table.machine_info(threads=1))])
+    return _markdown(rows, args, seeds, epochs, ft, stem, [describe_machine(table.machine_info(threads=1))])
 
 
-def _machine(info: dict[str, str]) -> str:
+def describe_machine(info: dict[str, str]) -> str:
     return "Machine: " + ", ".join(f"{k} {v}" for k, v in info.items())
 
 
@@ -344,7 +351,7 @@ def _machine_line(md: Path) -> str:
     return lines[0] if lines else f"Machine: not recorded ({md.name} missing)"
 
 
-def _cell(values: list[float]) -> str:
+def cell(values: list[float]) -> str:
     values = [v for v in values if v is not None]
     if not values:
         return ""
@@ -383,11 +390,11 @@ def _markdown(rows: list[dict], args, seeds, epochs: int, ft: int, stem: str, ma
         secs = [r["seconds"] for r in sel if r["seconds"] is not None]
         lines.append(
             f"| {model} | {target} | {method} | {recovery} | "
-            f"{statistics.mean(r['macs_kept'] for r in sel):.3f} | {_cell([r['baseline'] for r in sel])} | "
-            f"{_cell([r['cut'] for r in sel])} | {_cell([r['finetuned'] for r in sel])} | "
+            f"{statistics.mean(r['macs_kept'] for r in sel):.3f} | {cell([r['baseline'] for r in sel])} | "
+            f"{cell([r['cut'] for r in sel])} | {cell([r['finetuned'] for r in sel])} | "
             f"{statistics.median(secs):.1f} |" if secs else
             f"| {model} | {target} | {method} | none | {statistics.mean(r['macs_kept'] for r in sel):.3f} | "
-            f"{_cell([r['baseline'] for r in sel])} | | {_cell([r['finetuned'] for r in sel])} | |"
+            f"{cell([r['baseline'] for r in sel])} | | {cell([r['finetuned'] for r in sel])} | |"
         )
     path = args.out / f"{stem}.md"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -35,7 +35,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from experiments import _table as table
-from experiments.trained_plans import CACHE, FIELDS, TARGETS, _cell, _machine
+from experiments.trained_plans import CACHE, FIELDS, TARGETS, bisect_cut, cell, describe_machine
 
 VERSION = 1  # bump when the model, the data or the recipe's meaning changes
 # The embedded shapes set at 64 px (4 classes, 1-4 objects of 15-35% of the side): small enough for 2 CPU cores.
@@ -186,15 +186,7 @@ def _torch_pruning(v2: nn.Module, imgsz: int, keep: float, method: str, full: fl
             max_pruning_ratio=0.9).step()
         return m.eval()
 
-    lo, hi, best = 0.0, 0.95, None
-    for _ in range(10):
-        mid = (lo + hi) / 2
-        m = cut(mid)
-        kept = macs(m, imgsz) / full
-        if best is None or abs(kept - keep) < abs(best[0] - keep):
-            best = (kept, m)
-        lo, hi = (mid, hi) if kept > keep else (lo, mid)
-    return best[1]
+    return bisect_cut(cut, lambda m: macs(m, imgsz) / full, keep, steps=10)
 
 
 def finetune(model: nn.Module, recipe: dict, seed: int, data: str, runs: Path, name: str, trust: bool) -> nn.Module:
@@ -277,7 +269,7 @@ def main(argv: list[str] | None = None) -> Path:
     # ultralytics' select_device() sets torch to cpu_count - 1 threads for its trainer and validator
     from ultralytics.utils import NUM_THREADS
 
-    machine = _machine(table.machine_info(threads=f"{args.threads} for the cuts, {NUM_THREADS} in ultralytics' "
+    machine = describe_machine(table.machine_info(threads=f"{args.threads} for the cuts, {NUM_THREADS} in ultralytics' "
                                                   "trainer and validator (it sets cpu_count - 1)"))
     rows, stages, losses = [], {}, {}
     for seed in seeds:
@@ -365,12 +357,12 @@ def _markdown(rows: list[dict], args, recipe: dict, ft: dict, data_params: dict,
         note = f" ({len(failed)} of {len(sel)} seeds failed: {failed[0]['error']})" if failed else ""
         if not ok:
             lines.append(f"| yolov8n | {target} | {method} | {recovery} | failed{note} | "
-                         f"{_cell([r['baseline'] for r in sel])} | | | |")
+                         f"{cell([r['baseline'] for r in sel])} | | | |")
             continue
         lines.append(
             f"| yolov8n | {target} | {method} | {recovery} | {statistics.mean(r['macs_kept'] for r in ok):.3f}{note} | "
-            f"{_cell([r['baseline'] for r in ok])} | {_cell([r['cut'] for r in ok])} | "
-            f"{_cell([r['finetuned'] for r in ok])} | {statistics.median(r['seconds'] for r in ok):.1f} |")
+            f"{cell([r['baseline'] for r in ok])} | {cell([r['cut'] for r in ok])} | "
+            f"{cell([r['finetuned'] for r in ok])} | {statistics.median(r['seconds'] for r in ok):.1f} |")
     path = args.out / f"{stem}.md"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")

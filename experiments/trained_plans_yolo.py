@@ -259,6 +259,9 @@ def main(argv: list[str] | None = None) -> Path:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--scratch", action="store_true",
                     help="also train prunefx's raw architecture from scratch with the baseline's recipe (the control)")
+    ap.add_argument("--controls-only", action="store_true",
+                    help="only the from-scratch controls, from the raw cuts an earlier run left in --runs; writes "
+                         "trained_plans_yolo_controls.csv/.md for --combine")
     ap.add_argument("--combine", nargs="+", type=Path, metavar="CSV",
                     help="write trained_plans_yolo.csv/.md from these runs' CSVs (run nothing)")
     args = ap.parse_args(argv)
@@ -282,6 +285,8 @@ def main(argv: list[str] | None = None) -> Path:
     runs = [*OURS, *((t, "none") for t in (THEIRS[2:3] if args.quick else THEIRS))]
     imgsz = recipe["imgsz"]
     stem = "trained_plans_yolo_quick" if args.quick else "trained_plans_yolo"
+    if args.controls_only:
+        runs, args.scratch, stem = [], True, f"{stem}_controls"
     # ultralytics' select_device() sets torch to cpu_count - 1 threads for its trainer and validator
     from ultralytics.utils import NUM_THREADS
 

@@ -44,19 +44,21 @@ def test_quick_run_cuts_every_method_to_the_target(tmp_path) -> None:
     from prunefx.integrations.ultralytics.io import load_yolo
 
     runs = tmp_path / "runs"
-    md = trained_plans_yolo.main(["--quick", "--scratch", "--out", str(tmp_path), "--cache", str(tmp_path / "cache"),
-                                  "--runs", str(runs)])
+    common = ["--quick", "--out", str(tmp_path), "--cache", str(tmp_path / "cache"), "--runs", str(runs)]
+    md = trained_plans_yolo.main(common)
     rows = table.read_csv(tmp_path / "trained_plans_yolo_quick.csv")
     expected = [("raw", "none"), ("sensitivity", "refit")]
     if any(r["method"].startswith("tp_") for r in rows):
         expected.append(("tp_l2_global", "none"))
-    assert [(r["method"], r["recovery"]) for r in rows] == [*expected, ("scratch", "none")]
-    for r in rows:
+    assert [(r["method"], r["recovery"]) for r in rows] == expected
+    # the control, afterwards, from the raw cut that run left: prunefx's architecture trained from scratch
+    trained_plans_yolo.main([*common, "--controls-only"])
+    (control,) = table.read_csv(tmp_path / "trained_plans_yolo_quick_controls.csv")
+    assert (control["method"], control["cut"]) == ("scratch", None)  # trained, never cut
+    for r in (*rows, control):
         assert r["error"] is None, r
         assert r["macs_kept"] == pytest.approx(0.5, abs=0.03), r
-        measured = ("baseline", "finetuned") if r["method"] == "scratch" else ("baseline", "cut", "finetuned")
-        assert all(0.0 <= r[k] <= 1.0 for k in measured), r
-    assert rows[-1]["cut"] is None  # the control is trained, never cut
+        assert all(0.0 <= r[k] <= 1.0 for k in ("baseline", "cut", "finetuned") if r[k] is not None), r
     assert len(list((tmp_path / "cache").glob("yolov8n-seed0-img64-ep1-*-v*.pt"))) == 1
     # prunefx's cut model: an ordinary ultralytics checkpoint (weights-only load), its C2f blocks kept
     pruned = load_yolo(runs / "seed0-2x-raw-none.pt")

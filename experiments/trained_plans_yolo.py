@@ -205,15 +205,21 @@ def finetune(model: nn.Module, recipe: dict, seed: int, data: str, runs: Path, n
 def scratch(pruned: nn.Module, recipe: dict, seed: int, data: str, runs: Path, name: str) -> nn.Module:
     """The control: ``pruned``'s architecture re-initialised as ultralytics builds it, trained with the baseline's
     recipe (its epochs and warm-up)."""
-    m = copy.deepcopy(pruned)
-    torch.manual_seed(seed + 1000)
+    return finetune(reinitialised(pruned, seed + 1000), recipe, seed + 1000, data, runs, name, trust=False)
+
+
+def reinitialised(model: nn.Module, seed: int) -> nn.Module:
+    """A copy of ``model`` with fresh weights, as ultralytics initialises a new model."""
+    m = copy.deepcopy(model)
+    torch.manual_seed(seed)
     for mod in m.modules():
-        if mod is not m and hasattr(mod, "reset_parameters"):
+        # a layer whose weights never train is part of the architecture (the DFL's fixed arange projection)
+        if hasattr(mod, "reset_parameters") and any(p.requires_grad for p in mod.parameters(recurse=False)):
             mod.reset_parameters()
     head = m.model[-1]
     if hasattr(head, "bias_init"):  # ultralytics' Detect prior for the class and box biases (needs the strides)
         head.bias_init()
-    return finetune(m, recipe, seed + 1000, data, runs, name, trust=False)
+    return m
 
 
 def _row(base, v2, method: str, keep: float, full: float, data: str, imgsz: int, calibration: list, ft: dict,

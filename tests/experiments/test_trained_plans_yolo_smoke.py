@@ -37,6 +37,20 @@ def test_c2f_v2_replaces_every_c2f_and_keeps_the_outputs() -> None:
         assert torch.allclose(model(x)[0], v2(x)[0], atol=1e-4, rtol=1e-4)
 
 
+def test_the_scratch_control_starts_from_fresh_weights_but_keeps_the_fixed_dfl_projection() -> None:
+    import torch
+    from ultralytics.nn.tasks import DetectionModel
+
+    torch.manual_seed(0)
+    model = DetectionModel("yolov8n.yaml", nc=4, verbose=False)
+    fresh = trained_plans_yolo.reinitialised(model, seed=1)  # another seed than the one that built it
+    dfl = model.model[-1].dfl.conv.weight  # never trained: decodes box distributions at inference
+    assert torch.equal(fresh.model[-1].dfl.conv.weight, dfl)
+    trained = [(n, p) for n, p in model.named_parameters() if p.requires_grad and p.dim() > 1]
+    new = dict(fresh.named_parameters())
+    assert trained and all(not torch.equal(new[n], p) for n, p in trained)
+
+
 @pytest.mark.slow
 def test_quick_run_cuts_every_method_to_the_target(tmp_path) -> None:
     from ultralytics.nn.modules.block import C2f

@@ -26,8 +26,7 @@ def _attention(m: Attention, widths: dict) -> None:
 @register_fixer(Downsample2D, Upsample2D, literals=True)
 def _resample(m: nn.Module, widths: dict) -> None:
     # forward asserts ``hidden_states.shape[1] == self.channels``
+    # without a conv (Upsample2D, use_conv=False) that assert freezes the channels: nothing to follow
     conv = getattr(m, "conv", None)
     if isinstance(conv, nn.modules.conv._ConvNd):
         m.out_channels, m.channels = conv.weight.shape[:2]  # groups == 1: diffusers builds them so
-    else:  # no conv (Upsample2D without use_conv): what flows in flows out
-        m.channels = m.out_channels = widths.get(LiteralCount(m.channels), m.channels)

@@ -12,6 +12,19 @@ from torch import nn
 _DICTS = (dict, OrderedDict)
 
 
+def submodules(root: nn.Module) -> list[nn.Module]:
+    """``root`` and every module below it, each once (``root.modules()`` without its name strings: this is hot)."""
+    seen, stack, out = {id(root)}, [root], []
+    while stack:
+        mod = stack.pop()
+        out.append(mod)
+        for child in mod._modules.values():
+            if child is not None and id(child) not in seen:
+                seen.add(id(child))
+                stack.append(child)
+    return out
+
+
 @contextmanager
 def attributes_kept(root: nn.Module) -> Iterator[None]:
     """Restore every submodule's attributes (added, replaced or deleted ones) when the block ends.
@@ -21,11 +34,16 @@ def attributes_kept(root: nn.Module) -> Iterator[None]:
     a meta pass), transformers installs output-capturing hooks on the first call and marks the model; restoring the
     mark but not the hooks would install them twice on the next call (every hidden state recorded twice).
     """
-    saved = []
-    for m in root.modules():
+    saved, empty = [], []  # most held dicts are empty hook dicts: those only need to be empty again
+    for m in submodules(root):
         d = vars(m)
-        saved.append((d, dict(d)))
-        saved.extend((v, dict(v)) for v in d.values() if type(v) in _DICTS)
+        saved.append((d, d.copy()))
+        for v in d.values():
+            if type(v) in _DICTS:
+                if v:
+                    saved.append((v, v.copy()))
+                else:
+                    empty.append(v)
     try:
         yield
     finally:
@@ -34,3 +52,6 @@ def attributes_kept(root: nn.Module) -> Iterator[None]:
             if live.keys() != old.keys() or any(map(is_not, live.values(), old.values())):
                 live.clear()
                 live.update(old)
+        if any(empty):
+            for live in empty:
+                live.clear()

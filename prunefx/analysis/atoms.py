@@ -28,6 +28,7 @@ class AtomTable:
         self.size = 0
         self.reasons: list[str] = []
         self._reason_ids: dict[str, int] = {}
+        self._explained_arrays: dict[int, np.ndarray] = {}  # arrays already explained, by id (held: ids stay unique)
 
     def new(self, n: int) -> np.ndarray:
         """Allocate ``n`` fresh atoms and return their ids."""
@@ -116,8 +117,14 @@ class AtomTable:
 
     def explain(self, atoms: np.ndarray) -> None:
         """A rule has accounted for these atoms (recorded them as a layer's channels)."""
-        atoms = np.asarray(atoms, dtype=np.int64).ravel()
-        self._explained[self.find(atoms[atoms >= 0])] = True
+        # Explained never reverts (unions carry it), and one array is recorded for many roles (a BN's weight, bias
+        # and running stats): each array object is explained once. Atom arrays are values, never written in place.
+        if self._explained_arrays.get(id(atoms)) is atoms:
+            return
+        if isinstance(atoms, np.ndarray):
+            self._explained_arrays[id(atoms)] = atoms
+        flat = np.asarray(atoms, dtype=np.int64).ravel()
+        self._explained[self.find(flat[flat >= 0])] = True
 
     def unexplained(self, atoms: np.ndarray) -> np.ndarray:
         """Mask over ``atoms``: True where no atom of the atom's class has been explained."""

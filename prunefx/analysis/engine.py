@@ -184,9 +184,15 @@ class Ctx:
         """Scalars in ``operands`` computed from channel counts are used as numbers (``x * (c ** -0.5)``, a fill
         value): pruning would change them and no rule rewrites them, so the channels they were read from are frozen.
         ``only_floats``: freeze only for non-int scalars (ints may be sizes the op's rule has checked)."""
-        nodes = [a for a in _flatten((operands,)) if isinstance(a, fx.Node)]
+        self.freeze_numbers_read([a for a in _flatten((operands,)) if isinstance(a, fx.Node)], only_floats)
+
+    def freeze_numbers_read(self, nodes: list[fx.Node], only_floats: bool) -> None:
+        """:meth:`freeze_values` for the values of these nodes."""
         for a in nodes:
-            for v in _flatten(self.engine.env.get(a)):
+            held = self.engine.env.get(a)
+            if type(held) is Lab:  # a tensor's labels: no number in it (most operands: checked once per node)
+                continue
+            for v in _flatten(held):
                 if isinstance(v, ScalarRef if only_floats else (SizeRef, ScalarRef)) and v.sources:
                     self.state.atoms.freeze(
                         np.concatenate(v.sources),
@@ -333,11 +339,18 @@ class Engine:
     def _drop_lone_literals(self) -> None:
         """Drop the literals whose channels no layer or parameter shares."""
         # such a literal (a mask's ones(n, n), a zero state's batch dim) never changes: it belongs to no group
-        records, find = self.state.records, self.state.atoms.find
-        held = [find(r.atoms) for r in records.values() if r.kind is not Kind.CONST]
-        shared = np.unique(np.concatenate(held)) if held else np.empty(0, np.int64)
-        for key in [k for k, r in records.items() if r.kind is Kind.CONST and not np.isin(find(r.atoms), shared).any()]:
-            del records[key]
+        records, atoms = self.state.records, self.state.atoms
+        literals = [k for k, r in records.items() if r.kind is Kind.CONST]
+        if not literals:
+            return
+        root_of = atoms.find(np.arange(atoms.size, dtype=np.int64))
+        held = np.zeros(atoms.size, dtype=bool)  # per class root: some layer or parameter holds it
+        for arr in {id(r.atoms): r.atoms for r in records.values() if r.kind is not Kind.CONST}.values():
+            held[root_of[arr[arr >= 0]]] = True
+        for key in literals:
+            arr = records[key].atoms
+            if not held[root_of[arr[arr >= 0]]].any():
+                del records[key]
 
     def _collect_decisions(self) -> None:
         """The tracer's size decisions that read a labelled dim: whether pruning flips them is known per group."""
@@ -392,7 +405,7 @@ class Engine:
             return self._rule_failed(ctx, val, exc)
         if any(isinstance(v, torch.Tensor) for v in _flatten(val)):
             # unknown means loud: a float/bool computed from a channel count can only be a value here
-            ctx.freeze_values((ctx.args, dict(ctx.kwargs)), only_floats=True)
+            ctx.freeze_numbers_read(node.all_input_nodes, only_floats=True)
         return out
 
     def _get_attr(self, node: fx.Node, val: Any) -> Any:

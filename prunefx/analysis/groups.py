@@ -134,20 +134,23 @@ def _group_once(state: EngineState) -> Grouping | None:
     atoms = state.atoms
     keys = list(state.records.keys())
     records = list(state.records.values())
-    R = max(len(records), 1)
-    lengths = np.array([len(r.atoms) for r in records], dtype=np.int64)
+    # Records that hold the same atoms (a BN's weight, bias, running stats and channel role) touch the same classes:
+    # the grouping runs once per distinct array (a ninth of ResNet-50's positions), then hands it to each record.
+    sources, rec_src = _distinct_atoms(records)
+    R = max(len(sources), 1)
+    lengths = np.array([len(a) for a in sources], dtype=np.int64)
     # Every atom's class in one find, then one gather: a find per record costs more than its work on small ones.
     root_of = atoms.find(np.arange(atoms.size, dtype=np.int64))
-    cat = np.concatenate([r.atoms for r in records]).astype(np.int64) if records else np.empty(0, np.int64)
+    cat = np.concatenate(sources).astype(np.int64) if sources else np.empty(0, np.int64)
     occ_root = np.full(len(cat), NO_CHANNEL, dtype=np.int64)
     ok = cat >= 0
     occ_root[ok] = root_of[cat[ok]]
     del cat, ok
-    roots = np.split(occ_root, np.cumsum(lengths)[:-1]) if records else []
+    roots = np.split(occ_root, np.cumsum(lengths)[:-1]) if sources else []
     # Per-position arrays hold record ids, positions and class/group indices: int32 halves their memory (a 7B LLM
     # has 5.4 M recorded positions), and each is dropped as soon as it is used.
-    idx_t = np.int32 if max(int(lengths.max(initial=0)), len(records)) < 2**31 else np.int64
-    occ_rec = np.repeat(np.arange(len(records), dtype=idx_t), lengths)
+    idx_t = np.int32 if max(int(lengths.max(initial=0)), len(sources)) < 2**31 else np.int64
+    occ_rec = np.repeat(np.arange(len(sources), dtype=idx_t), lengths)
     starts_of = np.repeat(np.cumsum(lengths) - lengths, lengths)  # each occurrence's record start
     occ_pos = (np.arange(len(occ_root), dtype=np.int64) - starts_of).astype(idx_t)
     del starts_of
@@ -212,14 +215,20 @@ def _group_once(state: EngineState) -> Grouping | None:
     o_pos = occ_pos[order].astype(np.int64)
     del occ_pos, order
     block = np.flatnonzero((np.diff(o_gid, prepend=-1, append=-1) != 0) | (np.diff(o_rec, prepend=-1, append=-1) != 0))
-    members: list[list[Member]] = [[] for _ in range(n_grp)]
+    recs_of: list[list[int]] = [[] for _ in range(len(sources))]
+    for i, u in enumerate(rec_src):
+        recs_of[u].append(i)
+    placed: list[list[tuple[int, Member]]] = [[] for _ in range(n_grp)]
     for a, b in pairwise(block):
-        g, rid = int(o_gid[a]), int(o_rec[a])
+        g, u = int(o_gid[a]), int(o_rec[a])
         counts = np.bincount(o_rank[a:b], minlength=int(sizes[g]))
         offsets = np.concatenate([[0], np.cumsum(counts)])
-        rec: Record = records[rid]
-        members[g].append(Member(rec.kind, rec.name, rec.role, rec.module_type or rec.owner, o_pos[a:b], offsets))
+        for rid in recs_of[u]:
+            rec: Record = records[rid]
+            member = Member(rec.kind, rec.name, rec.role, rec.module_type or rec.owner, o_pos[a:b], offsets)
+            placed[g].append((rid, member))
     del o_gid, o_rec, o_rank
+    members = [[m for _, m in sorted(p, key=lambda t: t[0])] for p in placed]  # in record (graph) order
 
     notes: dict[int, list[str]] = {}
     for a, text in state.notes:
@@ -230,8 +239,8 @@ def _group_once(state: EngineState) -> Grouping | None:
     for g in range(n_grp):
         cls_idx = by_group[starts[g] : starts[g] + sizes[g]]
         froots = classes[cls_idx]
-        fr = sorted({atoms.reasons[i] for i in np.unique(frozen[cls_idx]).tolist() if i >= 0})
-        ir = sorted({atoms.reasons[i] for i in np.unique(inexact[cls_idx]).tolist() if i >= 0})
+        fr = sorted({atoms.reasons[i] for i in set(frozen[cls_idx].tolist()) if i >= 0})
+        ir = sorted({atoms.reasons[i] for i in set(inexact[cls_idx].tolist()) if i >= 0})
         constraints = list(dict.fromkeys(notes.get(g, [])))
         for gids, why in ties:
             if g in gids:
@@ -240,7 +249,25 @@ def _group_once(state: EngineState) -> Grouping | None:
             Group(id=g, channels=int(sizes[g]), prunable=not fr, reasons=tuple(fr), constraints=tuple(constraints),
                   exact=not ir, inexact_reasons=tuple(ir), members=tuple(members[g]), roots=froots)
         )
-    return Grouping(groups, dict(zip(keys, roots, strict=True)), ties)
+    return Grouping(groups, {key: roots[u] for key, u in zip(keys, rec_src, strict=True)}, ties)
+
+
+def _distinct_atoms(records: list[Record]) -> tuple[list[np.ndarray], list[int]]:
+    """The distinct atom arrays, numbered by first appearance, and each record's index into them."""
+    by_id: dict[int, int] = {}
+    by_content: dict[tuple, int] = {}
+    sources: list[np.ndarray] = []
+    rec_src: list[int] = []
+    for rec in records:
+        a = rec.atoms
+        u = by_id.get(id(a))  # records share array objects; the content check catches equal copies
+        if u is None:
+            u = by_content.setdefault((a.dtype.str, a.shape, a.tobytes()), len(sources))
+            if u == len(sources):
+                sources.append(a)
+            by_id[id(a)] = u
+        rec_src.append(u)
+    return sources, rec_src
 
 
 def _freeze_decided(state: EngineState, grouping: Grouping) -> bool:

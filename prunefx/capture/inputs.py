@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from prunefx.errors import PrunefxError
 
@@ -93,6 +94,7 @@ def bind(model: nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> 
     if not kwargs:
         return args
     name = type(model).__name__
+    _LazyGraphModule.force_recompile(model)  # a lazily built GraphModule's forward is a stub until its first call
     try:
         params = list(inspect.signature(model.forward).parameters.values())
     except (TypeError, ValueError) as exc:

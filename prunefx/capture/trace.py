@@ -38,11 +38,12 @@ import torch
 import torch.fx as fx
 from torch import nn
 from torch.fx import graph as fx_graph
+from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.fx.graph import CodeGen, _PyTreeCodeGen, _PyTreeInfo
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from prunefx import _plugins
-from prunefx._state import attributes_kept
+from prunefx._state import attributes_kept, submodules
 from prunefx.capture.concrete import ConcreteValues, NoConcreteValue, as_number
 from prunefx.capture.inputs import positional, structured
 from prunefx.capture.record import CaptureInfo, set_capture_info
@@ -445,6 +446,8 @@ def _fx_cannot_write(target: str) -> bool:
             if not _attribute_name(part):  # self.if, or a name Python normalises to another
                 return True
             continue
+        if part.isascii() and part.isprintable() and '"' not in part and "\\" not in part:
+            continue  # "0" (a Sequential index): the literal spells it; no need to parse one per module
         try:
             if ast.literal_eval(f'"{part}"') != part:  # a backslash escape
                 return True
@@ -488,12 +491,15 @@ class _QuotedPyTreeCodeGen(_QuotedTargets, _PyTreeCodeGen):
     pass
 
 
-def quote_targets(graph: fx.Graph) -> None:
-    """Make ``graph``'s generated code valid for module and attribute names that are not Python identifiers."""
+def quote_targets(graph: fx.Graph) -> bool:
+    """Make ``graph``'s generated code valid for module and attribute names that are not Python identifiers.
+
+    False when some name needs quoting that this graph's code generator (another torch.fx's) cannot do."""
     odd = any(_fx_cannot_write(str(n.target)) for n in graph.nodes if n.op in ("call_module", "get_attr"))
     quoted = {CodeGen: _QuotedCodeGen, _PyTreeCodeGen: _QuotedPyTreeCodeGen}.get(type(graph._codegen))
     if odd and quoted is not None:
         graph._codegen.__class__ = quoted  # same state (a pytree spec), quoted targets
+    return not odd or quoted is not None
 
 
 def _odd_names_failure(model: nn.Module, graph: fx.Graph, exc: Exception) -> TraceFailure:
@@ -514,7 +520,8 @@ def module_state_kept(root: nn.Module) -> Iterator[None]:
     Running or tracing a forward executes its Python: a leaf caching anchors, a BatchNorm written functionally
     that does ``self.num_batches_tracked.add_(1)`` (a real tensor, not a proxy, while tracing) would leave traces.
     """
-    values = [(b, b.detach().clone()) for b in root.buffers() if b.device.type != "meta"]
+    buffers = {id(b): b for m in submodules(root) for b in m._buffers.values() if b is not None}
+    values = [(b, b.detach().clone()) for b in buffers.values() if b.device.type != "meta"]
     try:
         with attributes_kept(root):
             yield
@@ -633,9 +640,11 @@ def trace(
                     ) from exc
                 auto[culprit] = f"{type(exc).__name__} at {where}"
         # inside the block: tensor constants fx stowed on the root (_tensor_constant0) are removed on leaving it
-        quote_targets(graph)
+        # The analysis never runs the graph's Python code: it is generated on the first call (or .code), which
+        # saves a tenth of an analysis. Names the quoting cannot help get the eager build and its clear error.
+        cls = _LazyGraphModule if quote_targets(graph) else fx.GraphModule
         try:
-            gm = fx.GraphModule(tracer.root, graph, type(model).__name__)
+            gm = cls(tracer.root, graph, type(model).__name__)
         except SyntaxError as exc:  # a name the quoting could not help (another torch.fx's code generation)
             raise _odd_names_failure(model, graph, exc) from exc
     own = {

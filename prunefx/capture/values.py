@@ -20,6 +20,8 @@ import torch.fx as fx
 from torch import nn
 from torch.utils._pytree import tree_map
 
+from prunefx._state import submodules
+from prunefx.capture.meta_shapes import fast_function, fast_method, fast_module
 from prunefx.capture.semantics import EvalInterpreter
 from prunefx.capture.trace import module_state_kept, training_mode
 from prunefx.errors import ShapeError
@@ -38,15 +40,36 @@ _SHAPE_PRESERVING = (
 
 class _Recorder(EvalInterpreter):
     def call_module(self, target: str, args: tuple, kwargs: dict) -> Any:
+        module = self.submodules.get(target)
+        if module is None:
+            module = self.fetch_attr(target)
         x = args[0] if args else None
         if isinstance(x, torch.Tensor) and x.device.type == "meta" and not kwargs and len(args) == 1:
-            if isinstance(self.fetch_attr(target), _SHAPE_PRESERVING):
+            if isinstance(module, _SHAPE_PRESERVING):
                 return x
-        return super().call_module(target, args, kwargs)
+            out = fast_module(module, args, kwargs)
+            if out is not None:
+                return out
+        return module(*args, **kwargs)
+
+    def call_function(self, target: Any, args: tuple, kwargs: dict) -> Any:
+        out = fast_function(target, args, kwargs)
+        return out if out is not None else super().call_function(target, args, kwargs)
+
+    def call_method(self, target: str, args: tuple, kwargs: dict) -> Any:
+        out = fast_method(target, args, kwargs)
+        return out if out is not None else super().call_method(target, args, kwargs)
 
     def run_node(self, n: fx.Node) -> Any:
-        out = super().run_node(n)
-        n.meta[VALUE_KEY] = tree_map(_to_meta, out)
+        # fx.Interpreter.run_node without its per-node traceback metadata (two context managers and a log call): on
+        # meta tensors that bookkeeping cost as much as the kernels. Errors still name the node (Interpreter.run).
+        self._node = n
+        args, kwargs = self.fetch_args_kwargs_from_env(n)
+        out = getattr(self, n.op)(n.target, args, kwargs)
+        if isinstance(out, torch.Tensor):
+            n.meta[VALUE_KEY] = _to_meta(out)
+        else:
+            n.meta[VALUE_KEY] = tree_map(_to_meta, out)
         return out
 
 
@@ -56,9 +79,10 @@ class _Runner(nn.Module):
     def __init__(self, gm: fx.GraphModule) -> None:
         super().__init__()
         self.gm = gm
+        self.free_values = True  # a real pass frees each value after its last use; meta values hold no memory
 
     def forward(self, *args: Any) -> Any:
-        return _Recorder(self.gm).run(*args)
+        return _Recorder(self.gm, garbage_collect_values=self.free_values).run(*args)
 
 
 def _to_meta(x: Any) -> Any:
@@ -68,7 +92,8 @@ def _to_meta(x: Any) -> Any:
 
 
 def _on_meta(model: nn.Module) -> bool:
-    return any(t.device.type == "meta" for t in (*model.parameters(), *model.buffers()))
+    return any(t is not None and t.device.type == "meta"
+               for m in submodules(model) for t in (*m._parameters.values(), *m._buffers.values()))
 
 
 def propagate(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> str:
@@ -81,6 +106,7 @@ def _propagate(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> str:
     runner = _Runner(gm)
     meta_inputs = tree_map(_to_meta, tuple(example_inputs))
     try:
+        runner.free_values = False
         if _on_meta(gm):
             runner(*meta_inputs)
         else:
@@ -91,6 +117,7 @@ def _propagate(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> str:
             torch.func.functional_call(runner, state, meta_inputs, tie_weights=False, strict=False)
         return "meta"
     except Exception as meta_exc:  # no meta kernel / data-dependent shape: run for real
+        runner.free_values = True
         if _on_meta(gm):
             raise ShapeError(f"shape propagation on the meta device failed: {meta_exc}") from meta_exc
         first_error = meta_exc

@@ -10,7 +10,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 CORE = {"capture", "passes", "analysis", "importance", "plan", "transform", "verify", "checkpoint", "steps",
         "sensitivity", "api", "depth", "verify_depth"}
-BASE = {"errors", "_io", "_plugins", "_config", "_state", "_defaults", "_extras"}
+BASE = {"errors", "_io", "_plugins", "_config", "_state", "_gc", "_defaults", "_extras"}
 # unit -> the units it may import (besides itself and BASE)
 ALLOWED: dict[str, set[str]] = {
     "capture": set(),

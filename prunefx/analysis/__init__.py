@@ -12,6 +12,7 @@ import torch.fx as fx
 from torch import nn
 
 from prunefx import _plugins
+from prunefx._gc import gc_paused
 from prunefx.analysis.engine import Engine
 from prunefx.analysis.finite import check_finite
 from prunefx.analysis.graph import DependencyGraph
@@ -49,6 +50,11 @@ def analyze(
     instead, with their boundaries frozen (:mod:`prunefx.analysis.parts`); ``DependencyGraph.parts`` says which,
     what stayed opaque and why, and the summary prints it.
     """
+    with gc_paused():  # a full collection (100-200 ms with torch loaded) would cost more than the analysis
+        return _analyze(model, example_inputs, leaves, registry, free_outputs, capture)
+
+
+def _analyze(model, example_inputs, leaves, registry, free_outputs, capture) -> DependencyGraph:
     if not isinstance(model, nn.Module):
         raise PrunefxError(f"analyze expects a torch.nn.Module, got {type(model).__name__}")
     check_finite(model)

@@ -17,7 +17,6 @@ whichever comes first of it and ``rounds``; the result then says so (``cut_short
 from __future__ import annotations
 
 import contextlib
-import gc
 import math
 import os
 import time
@@ -29,6 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from prunefx._gc import gc_paused
 from prunefx.metrics.backends import Deployment, prepared
 from prunefx.metrics.common import MetricsError, as_args, check_model
 
@@ -114,9 +114,7 @@ def time_runs(
     if budget_s is not None and warmup and slowest * repeats > budget_s:
         repeats = max(rounds, int(budget_s / slowest))
     per_round = max(1, math.ceil(repeats / rounds))
-    gc_was_enabled = gc.isenabled()
-    gc.disable()  # a collection inside one timed forward would be noise, as timeit reasons
-    try:
+    with gc_paused():  # a collection inside one timed forward would be noise, as timeit reasons
         for r in range(rounds):
             for name in names if r % 2 == 0 else names[::-1]:
                 run, out = runs[name], samples[name]
@@ -128,9 +126,6 @@ def time_runs(
                 on_round(r + 1, rounds)
             if max_seconds is not None and clock() - began >= max_seconds:
                 break
-    finally:
-        if gc_was_enabled:
-            gc.enable()
     return samples
 
 

@@ -564,13 +564,15 @@ def training_mode(model: nn.Module, training: bool | None):
     if training is None:
         yield
         return
-    saved = [(m, m.training) for m in model.modules()]
+    modules = submodules(model)
+    saved = [m.training for m in modules]
     try:
-        model.train(training)
+        model.train(training)  # through train(): a module may override it (a frozen BatchNorm stays in eval)
         yield
     finally:
-        for m, flag in saved:
-            m.training = flag
+        for m, flag in zip(modules, saved, strict=True):
+            if m.training is not flag:
+                object.__setattr__(m, "training", flag)  # where nn.Module.__setattr__ ends for a flag
 
 
 def _user_frame(exc: BaseException) -> str:

@@ -5,7 +5,9 @@
     python -m experiments.bench_analysis --models resnet50,swin_t --repeats 5
 
 What is timed, per model, in one worker process (the median of ``--repeats`` runs, after an untimed warm-up
-of both tools on a tiny model so that no lazy import is counted):
+of both tools on a tiny model so that no lazy import is counted, and one untimed run of the tool on the model
+itself: the tools run one after the other on each model, and the first to meet a shape would otherwise pay the
+first-call costs of torch's kernels for both):
 - prunefx: ``prunefx.analyze(model, x)`` = trace + shape propagation + grouping, model on the meta device
   (RegNets cannot be built on meta: they are built on the CPU without weight init, then moved to meta).
 - tp_real: Torch-Pruning as its README uses it, ``DependencyGraph().build_dependency(model, x)`` followed by
@@ -106,6 +108,7 @@ def _worker(conn, threads: int) -> None:
             s = _input_size(name)
             x = torch.randn(1, 3, s, s, device="meta" if tool == "tp_meta" else "cpu")
             conn.send(("built", sum(p.numel() for p in model.parameters())))
+            _run(tool, model, x)  # untimed: first-call costs at this model's shapes (see the module docstring)
             for _ in range(repeats):
                 t0 = time.perf_counter()
                 info = _run(tool, model, x)
@@ -227,7 +230,7 @@ def machine_info(threads: int, repeats: int, timeout: float) -> dict[str, str]:
         tp_version = "not installed"
     return table.machine_info(threads, **{
         "torch-pruning": tp_version,
-        "repeats": f"{repeats} per model and tool, statistic: median (prunefx_min_s: minimum)",
+        "repeats": f"{repeats} per model and tool after one untimed run, statistic: median (prunefx_min_s: minimum)",
         "timeout": f"{timeout:g} s per run",
     })
 

@@ -146,6 +146,7 @@ def _group_once(state: EngineState) -> Grouping | None:
     ok = cat >= 0
     occ_root[ok] = root_of[cat[ok]]
     del cat, ok
+    occ_root.flags.writeable = False  # each source's roots serve every record that holds it: shared, never written
     roots = np.split(occ_root, np.cumsum(lengths)[:-1]) if sources else []
     # Per-position arrays hold record ids, positions and class/group indices: int32 halves their memory (a 7B LLM
     # has 5.4 M recorded positions), and each is dropped as soon as it is used.
@@ -213,16 +214,26 @@ def _group_once(state: EngineState) -> Grouping | None:
     o_gid, o_rec, o_rank = occ_gid[order], occ_rec[order], occ_rank[order]
     del occ_gid, occ_rec, occ_rank
     o_pos = occ_pos[order].astype(np.int64)
+    o_pos.flags.writeable = False  # one member's positions may be another's (records sharing their atoms)
     del occ_pos, order
     block = np.flatnonzero((np.diff(o_gid, prepend=-1, append=-1) != 0) | (np.diff(o_rec, prepend=-1, append=-1) != 0))
     recs_of: list[list[int]] = [[] for _ in range(len(sources))]
     for i, u in enumerate(rec_src):
         recs_of[u].append(i)
+    # Each block's channel offsets (positions before channel k), for all blocks in one pass: block j's are
+    # offsets_all[seg[j] : seg[j] + width[j] + 1], width = its group's channel count.
+    starts_b = block[:-1]
+    width = sizes[o_gid[starts_b]].astype(np.int64)
+    seg = np.cumsum(width + 1) - (width + 1)
+    occ_block = np.repeat(np.arange(len(starts_b)), np.diff(block))
+    per_slot = np.bincount(seg[occ_block] + 1 + o_rank, minlength=int((width + 1).sum()))
+    running = np.cumsum(per_slot)
+    offsets_all = running - np.repeat(running[seg], width + 1)
+    offsets_all.flags.writeable = False
     placed: list[list[tuple[int, Member]]] = [[] for _ in range(n_grp)]
-    for a, b in pairwise(block):
+    for j, (a, b) in enumerate(pairwise(block)):
         g, u = int(o_gid[a]), int(o_rec[a])
-        counts = np.bincount(o_rank[a:b], minlength=int(sizes[g]))
-        offsets = np.concatenate([[0], np.cumsum(counts)])
+        offsets = offsets_all[seg[j] : seg[j] + width[j] + 1]
         for rid in recs_of[u]:
             rec: Record = records[rid]
             member = Member(rec.kind, rec.name, rec.role, rec.module_type or rec.owner, o_pos[a:b], offsets)

@@ -16,7 +16,9 @@ from torch.nn.utils import parametrize
 
 def parametrization_problem(module: nn.Module | None, attr: str) -> str | None:
     """Why ``module.attr``'s parametrizations cannot be registered again on a slice of it; None when they can."""
-    if module is None or not parametrize.is_parametrized(module, attr):
+    # parametrize keeps a module's parametrizations in a child named "parametrizations": looking for that child
+    # first spares nn.Module.__getattr__'s AttributeError on every parameter of every other module (hot: per record)
+    if module is None or "parametrizations" not in module._modules or not parametrize.is_parametrized(module, attr):
         return None
     for p in module.parametrizations[attr]:
         state = [n for n, _ in itertools.chain(p.named_parameters(), p.named_buffers())]

@@ -364,7 +364,7 @@ class PrunefxTracer(fx.Tracer):
         return self.create_node("get_attr", name, (), {})
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        if module_qualified_name in self.leaf_names or isinstance(m, tuple(_LEAF_TYPES)):
+        if module_qualified_name in self.leaf_names or (_LEAF_TYPES and isinstance(m, tuple(_LEAF_TYPES))):
             return True
         if type(m) in _TRACED_TORCH_TYPES:
             return False

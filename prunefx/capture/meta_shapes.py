@@ -48,7 +48,7 @@ def _elementwise(operands: tuple, options: dict) -> torch.Tensor | None:
     tensors = [a for a in operands if isinstance(a, torch.Tensor)]
     if not tensors or len(tensors) + sum(isinstance(a, _NUMBER) for a in operands) != len(operands):
         return None
-    if any(k not in ("alpha", "inplace", "negative_slope", "approximate", "alpha_", "beta", "threshold") or
+    if any(k not in ("alpha", "inplace", "negative_slope", "approximate", "beta", "threshold") or
            (k == "inplace" and v) for k, v in options.items()):
         return None  # out=, rounding_mode=, an in-place call: the kernel's business
     dtype = _dtype(tensors)
@@ -81,9 +81,9 @@ def _cat(tensors: Any, dim: int = 0) -> torch.Tensor | None:
 def _adaptive_avg(x: Any, output_size: Any, k: int) -> torch.Tensor | None:
     if not isinstance(x, torch.Tensor) or x.dim() not in (k + 1, k + 2) or _dtype([x]) is None:
         return None
-    size = [output_size] * k if isinstance(output_size, int) else list(output_size)
-    if len(size) != k or not all(s is None or (isinstance(s, int) and s >= 0) for s in size):
-        return None
+    size = [output_size] * k if isinstance(output_size, int) else list(output_size or ())
+    if len(size) != k or not all((s is None and k > 1) or (isinstance(s, int) and s >= 0) for s in size):
+        return None  # None keeps a dim in 2-d and 3-d pooling only
     spatial = x.shape[x.dim() - k :]
     if any(n == 0 for n in spatial):
         return None

@@ -101,6 +101,7 @@ STEP_ASIDE = [
     (torch.div, (_m(2, 3), _m(2, 3)), {"rounding_mode": "floor"}),
     (torch.cat, ([_m(0), _m(2, 3)], 0), {}),  # the legacy empty 1-d tensor cat skips
     (F.leaky_relu, (_m(2, 3), 0.2), {}),
+    (F.adaptive_avg_pool1d, (_m(2, 4, 10), None), {}),  # None keeps a dim in 2-d and 3-d pooling only
     (torch.matmul, (_m(2, 3), _m(3, 4)), {}),
 ]
 

@@ -29,17 +29,19 @@ torch_version() { "$work/venv/bin/python" -c "from importlib.metadata import ver
 before="$(torch_version)"
 [[ "$before" == "$OLDEST_TORCH" || "$before" == "$OLDEST_TORCH+"* ]] || { echo "installed torch $before"; exit 1; }
 step "torch $before in a fresh venv"
-venv_pip "${wheel[0]}" pytest
+venv_pip "${wheel[0]}" pytest pytest-xdist
 after="$(torch_version)"
 [ "$after" = "$before" ] || { echo "pip install prunefx replaced torch $before with $after"; exit 1; }
-step "installed $(basename "${wheel[0]}") and pytest: torch $after kept"
+step "installed $(basename "${wheel[0]}"), pytest and pytest-xdist: torch $after kept"
 
 cd "$work"
 r="$repo/tests"
 # Left out, each needs an extra and does not skip without it: test_analysis_zoo, test_rule_contract and test_mha import
 # torchvision at module level; test_train_loop's fixtures need scikit-learn (the digits set); the deselected ones
 # need onnxruntime or torchvision (--deselect: a node id prefix, relative to the checkout).
+# Two xdist workers as in .ci/run; they take the controller's sys.path, so the check below covers their imports too.
 "$work/venv/bin/python" - "$repo" -c "$repo/pyproject.toml" --rootdir "$repo" -p no:cacheprovider -q -m "not slow" \
+    -n 2 --dist loadgroup --durations=10 \
     "$r/analysis" "$r/capture" "$r/plan" "$r/transform" "$r/test_verify.py" "$r/test_importance.py" \
     "$r/test_prune_checked.py" "$r/test_steps.py" "$r/test_inputs.py" "$r/test_partial_capture.py" "$r/test_config.py" \
     "$r/metrics/test_latency_bound.py" "$r/metrics/test_latency_table.py" "$r/train/test_bn_recalibration.py" \

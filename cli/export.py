@@ -1,6 +1,5 @@
 """``prunefx export MODEL_OR_RUN --format onnx``: write an ONNX file, checked against the model with ONNX Runtime."""
 
-import json
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -14,6 +13,7 @@ from prunefx.errors import PrunefxError
 
 if TYPE_CHECKING:
     from prunefx.onnx_export import Exported
+    from prunefx.pipeline.readback import Given
 
 
 class Format(str, Enum):
@@ -42,6 +42,11 @@ def export(
     dynamic_batch: Annotated[
         bool, typer.Option(help="Make the batch dimension dynamic (checked at two sizes).")
     ] = False,
+    model: Annotated[
+        str | None,
+        typer.Option("--model", metavar="SPEC", help="For a run of your own model code (package.module:function in "
+                                                     "its config, never imported from the run): that factory."),
+    ] = None,
     trust_checkpoint: Annotated[bool, typer.Option("--trust-checkpoint", help=TRUST_HELP)] = False,
     # Read by cli.main's error handler, which is the only code that needs it.
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="On error, also print the traceback.")] = False,
@@ -49,13 +54,18 @@ def export(
     """Export MODEL_OR_RUN to ONNX, then run it with ONNX Runtime and check its outputs equal PyTorch's (1e-4).
 
     YOLO models go through ultralytics' own exporter; everything else through torch.onnx (TorchScript exporter),
-    with eval BatchNorm folded into the convolutions first.
+    with eval BatchNorm folded into the convolutions first. A run is read back by the pipeline that wrote it (its
+    fine-tuned model, else its pruned one), weights-only; code a run names is never imported: give --model.
     """
+    from prunefx.pipeline.readback import Given
     from prunefx.spec import load_spec
 
     path = Path(source)
     if path.is_dir():
-        result = _export_run(path, out or path / "model.onnx", imgsz, opset, dynamic_batch, trust_checkpoint)
+        given = Given(model=model, imgsz=imgsz, trust_checkpoint=trust_checkpoint)
+        result = _export_run(path, out or path / "model.onnx", given, opset, dynamic_batch)
+    elif model is not None:
+        raise PrunefxError(f"--model applies to a run directory; {source} is a model: export it alone")
     else:
         loaded = load_spec(source, imgsz=imgsz, trust_checkpoint=trust_checkpoint)
         target = out or Path(loaded.name.replace(":", "_").replace("/", "_").removesuffix(".pt") + ".onnx")
@@ -65,57 +75,9 @@ def export(
     new_console().print(f"[green]wrote {result.describe()}[/green]", soft_wrap=True)
 
 
-def _yolo(model, target: Path, imgsz: int, opset: int | None, dynamic: bool, trust: bool = False) -> "Exported":
-    from prunefx.integrations.ultralytics.yolo_export import export_yolo
+def _export_run(run: Path, target: Path, given: "Given", opset: int | None, dynamic: bool) -> "Exported":
+    """Export the final model of a finished run, read back by the pipeline that wrote it (nothing in it executes)."""
+    from prunefx.pipeline.readback import read_final
 
-    return export_yolo(model, target, imgsz=imgsz, opset=opset, dynamic_batch=dynamic, trust_checkpoint=trust)
-
-
-def _export_run(
-    run: Path, target: Path, imgsz: int | None, opset: int | None, dynamic: bool, trust: bool
-) -> "Exported":
-    """Export the final model of a run directory: fine-tuned when there is one, else pruned."""
-    import torch
-
-    import prunefx
-    from prunefx.onnx_export import export_onnx
-    from prunefx.pipeline.classify_model import is_classifier_spec
-    from prunefx.spec import load_spec
-
-    yolo_best = run / "weights" / "best.pt"
-    if yolo_best.is_file():  # a YOLO pipeline run: an ordinary ultralytics checkpoint
-        return _yolo(yolo_best, target, imgsz or _config(run).get("imgsz", 640), opset, dynamic, trust)
-    # A classification pipeline run: rebuilt through the run's own config (fine-tuning may have had 0 epochs)
-    final = next((p for p in (run / "weights" / "finetuned.pt", run / "weights" / "pruned.pt") if p.is_file()), None)
-    config = _config(run) if final is not None and (run / "config.yaml").is_file() else {}
-    if final is not None and is_classifier_spec(config.get("model")):
-        from prunefx.pipeline.backends.classify import ClassifyJob
-
-        job = ClassifyJob.from_config(config)
-        model = prunefx.load(final, job.factory()).eval()
-        return export_onnx(model, (job.example(),), target, opset=opset or ONNX_OPSET, dynamic_batch=dynamic)
-    pruned, report = run / "pruned.pt", run / "report.json"
-    if pruned.is_file() and report.is_file():  # a `prunefx prune SPEC` run
-        spec = json.loads(report.read_text()).get("settings", {}).get("spec")
-        plan = json.loads((run / "plan.json").read_text())
-        size = imgsz or plan["input_shapes"][0][-1]
-        loaded = load_spec(spec, imgsz=size, trust_checkpoint=trust)
-        model = loaded.family.load(pruned, lambda: loaded.model, trust_checkpoint=trust).eval()
-        # The run's own inputs, unless --imgsz asks for another size (the SPEC was just built at it)
-        x = loaded.example_inputs if imgsz is not None else tuple(
-            torch.rand(s, generator=torch.Generator().manual_seed(0)) for s in plan["input_shapes"])
-        return loaded.family.export_onnx(model, x, target, opset=opset, dynamic_batch=dynamic)
-    raise PrunefxError(
-        f"{run} is not a run directory prunefx can export: expected weights/best.pt (YOLO pipeline), "
-        "weights/finetuned.pt or weights/pruned.pt with config.yaml (classification pipeline) or pruned.pt with "
-        "report.json (prunefx prune SPEC)"
-    )
-
-
-def _config(run: Path) -> dict:
-    from prunefx._config import load_yaml
-
-    path = run / "config.yaml"
-    if not path.is_file():
-        raise PrunefxError(f"{run} has no config.yaml; pass the run directory a pipeline wrote")
-    return load_yaml(path.read_text(), str(path)) or {}
+    final = read_final(run, given)
+    return final.family.export_onnx(final.model, final.example_inputs, target, opset=opset, dynamic_batch=dynamic)

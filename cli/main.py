@@ -21,6 +21,7 @@ from prunefx.cli.data import shapes
 from prunefx.cli.export import export
 from prunefx.cli.flops import flops
 from prunefx.cli.prune import prune
+from prunefx.cli.quantize import quantize
 from prunefx.cli.report import report
 
 
@@ -77,7 +78,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_show_locals=False,  # locals of a model forward are megabytes of tensors
 )
-for command in (analyze, flops, prune, export, report):
+for command in (analyze, flops, prune, export, quantize, report):
     app.command(cls=_Command)(command)
 data_app = typer.Typer(help="Datasets prunefx generates (nothing is downloaded).", no_args_is_help=True)
 data_app.command(cls=_Command)(shapes)

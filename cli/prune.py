@@ -102,7 +102,8 @@ def prune(
         typer.Option("--refit", help="After the cut, re-fit each layer that lost input channels by least squares to "
                                      "the original's outputs. A SPEC comes with no data: the calibration is its one "
                                      "example input (--imgsz), and the report says so (prune.refit in a config: "
-                                     "8 batches of its training data)."),
+                                     "8 batches of its training data; prunefx.prune(calibration=...) re-fits by "
+                                     "default)."),
     ] = False,
     trust_checkpoint: Annotated[bool, typer.Option("--trust-checkpoint", help=TRUST_HELP)] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="On error, also print the traceback.")] = False,
@@ -265,9 +266,15 @@ def _prune_once(
         console.print(f"latency target: {pruned.latency_target.note}", style="green" if met else "yellow")
     for warning in report["warnings"]:
         console.print(f"[yellow]warning: {warning}[/yellow]")
-    console.print(f"[green]verify: {pruned.verify}[/green]")
+    inexact = pruned.verify.startswith(("inexact by design", "skipped"))  # VerifyResult.headline(): not a proof
+    console.print(f"verify: {pruned.verify}", style="yellow" if inexact else "green")
     if pruned.refit:
         console.print(refit_line(pruned.refit))
+    else:  # a SPEC comes with no data: say what data would add
+        console.print("no data: the cut was made from the weights and the example input alone; a few batches of "
+                      "real inputs would re-fit it by least squares to the original's outputs (prunefx.prune(..., "
+                      "calibration=[x1, x2, ...]) or a pipeline config with data; --refit re-fits on the example "
+                      "input only)", style="yellow")
     for frozen in pruned.frozen_by_check:
         console.print(f"[yellow]frozen by the check: {frozen.name}: {frozen.reason}[/yellow]")
     console.print(f"run directory: {run.root} (report.md, report.html, report.json, plan.json, pruned.pt)")

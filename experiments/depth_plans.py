@@ -77,7 +77,7 @@ def run(seeds: list[int], layers: int, removed: list[int], steps: int, recover_s
                 t0 = time.perf_counter()
                 result = pfx_hf.prune_depth(model, calib[0][0][:2], remove=k, **kwargs)
                 seconds = time.perf_counter() - t0
-                assert result.verified.ok, result.verified.message
+                assert result.verified.accepted, result.verified.message
                 kept = sum(p.numel() for p in model.parameters()) / total
                 gone = ",".join(p.rsplit(".", 1)[1] for p in result.plan.remove)
                 rows.append({"seed": seed, "layers": layers, "removed": k, "plan": name, "stage": "cut",
@@ -134,13 +134,13 @@ def _width_rows(teacher, data, calib, val, seed: int, layers: int, k: int, targe
         if depth:
             result = pfx_hf.prune_depth(model, calib[0][0][:2], remove=depth, criterion="output", calibration=calib,
                                         loss_fn=loss)
-            assert result.verified.ok, result.verified.message
+            assert result.verified.accepted, result.verified.message
             gone = ",".join(p.rsplit(".", 1)[1] for p in result.plan.remove)
         left = sum(p.numel() for p in model.parameters()) / total
         plan = prunefx.PlanConfig(params=min(1.0, target / left), normalize="mean")
         result = pfx_hf.prune(model, calib[0][0][:2], plan, criterion="taylor", calibration=calib, loss_fn=loss,
                               refit=True)
-        assert result.verified.ok, result.verified.message
+        assert result.verified.accepted, result.verified.message
         row = {"seed": seed, "layers": layers, "removed": k, "plan": name, "stage": "cut",
                "ppl": round(lm.metric(model, val)["ppl"], 4),
                "params_kept": round(sum(p.numel() for p in model.parameters()) / total, 3), "blocks": gone,

@@ -77,7 +77,7 @@ def run(seeds: list[int], keeps: list[float], steps: int) -> list[dict]:
                 t0 = time.perf_counter()
                 result = pfx_hf.prune_experts(model, calib, keep=keep, **kwargs)
                 seconds = time.perf_counter() - t0
-                assert result.verified.ok, result.verified.message
+                assert result.verified.accepted, result.verified.message
                 rows.append({"seed": seed, "keep": keep, "plan": plan, "ppl": round(lm.metric(model, val)["ppl"], 4),
                              "params_kept": round(sum(p.numel() for p in model.parameters()) / total, 3),
                              "seconds": round(seconds, 2)})

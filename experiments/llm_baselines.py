@@ -390,7 +390,7 @@ def run(seeds: list[int], layers: int, steps: int) -> list[dict]:
         model = copy.deepcopy(teacher)
         t0 = time.perf_counter()
         result = pfx_hf.prune_depth(model, calib[0][0][:2], remove=k, calibration=[x for x, _ in calib])
-        assert result.verified.ok, result.verified.message
+        assert result.verified.accepted, result.verified.message
         gone = ",".join(p.rsplit(".", 1)[1] for p in result.plan.remove)
         rows.append(_row(seed, layers, f"ShortGPT ({k} layers: {gone})", REIMPL + " (prunefx depth)", model, calib,
                          val, _count(model) / shape.total, str(shape.kv), str(shape.inter),
@@ -411,7 +411,7 @@ def run(seeds: list[int], layers: int, steps: int) -> list[dict]:
                                       prunefx.PlanConfig(params=width, normalize=how["normalize"]),
                                       criterion=how["criterion"], per_layer=how.get("per_layer", False), **kwargs)
             seconds = time.perf_counter() - t0
-            assert result.verified.ok, result.verified.message
+            assert result.verified.accepted, result.verified.message
             kept = [(range(layer.self_attn.k_proj.out_features // shape.hd), range(layer.mlp.down_proj.in_features))
                     for layer in model.model.layers]
             rows.append(_row(seed, layers, name, PFX, model, calib, val, _count(model) / shape.total, *_widths(kept),

@@ -114,7 +114,7 @@ def run(kinds: list[str], seeds: list[int], ratios: list[float], steps: int) -> 
                     t0 = time.perf_counter()
                     result = pfx_hf.prune(pruned, (calib[:1],), prunefx.PlanConfig(ratio=ratio, scope="local"),
                                           criterion=name.split("+")[0], **kwargs)  # fmt: skip
-                    assert result.verified.ok, result.verified.message
+                    assert result.verified.accepted, result.verified.message
                     loss = _loss(pruned, held_out)
                     rows.append({
                         "model": kind, "seed": seed, "ratio": ratio, "criterion": name, "loss": round(loss, 4),

@@ -63,14 +63,14 @@ def _cut(plan: str, teacher, calib, refit: bool):
         remove = n // 4 if plan == "depth + width" else min(
             range(1, n), key=lambda k: abs(total * (1 - k / n) - TARGET * total))  # layers hold all but embeddings
         result = pfx_hf.prune_depth(model, x, remove=remove, calibration=ids)
-        assert result.verified.ok, result.verified.message
+        assert result.verified.accepted, result.verified.message
     if plan != "depth":
         width = (TARGET * total + fixed) / (_count(model) + fixed)  # PlanConfig(params=) counts every parameter
 
         # configs/llm.yaml's default scores (activation, raw), chosen from experiments/results/llm_baselines.md
         result = pfx_hf.prune(model, x, prunefx.PlanConfig(params=width, normalize="none"), criterion="activation",
                               calibration=calib, refit=refit)
-        assert result.verified.ok, result.verified.message
+        assert result.verified.accepted, result.verified.message
     return model
 
 

@@ -9,11 +9,12 @@ Each model runs in its own worker, forked from a driver that imported torch and 
 thread, ``--timeout`` seconds): build (seeded, eval
 mode), then ``prunefx.prune(model, inputs, PlanConfig(ratio=0.3))`` (bn_scale, bias compensation, the oracle,
 failing groups frozen and re-planned). The status of a model:
-- ``ok``: pruned, and the pruned model equals the masked original (``verified.ok``);
+- ``ok``: pruned, and the pruned model equals the masked original (``verified.ok``), or is inexact by design
+  (``verified.state == "inexact"``: groups through LayerNorm and the like);
 - ``ok, frozen by check``: the same, after groups that failed the oracle were frozen (reasons in the table);
 - ``nothing prunable``: every group frozen, each with its stated reason (the top reasons are in the table);
 - ``refused``: ``VerificationError``, no plan to the target passed the oracle, the model was left untouched;
-- ``returned a failing model``: ``prune`` returned ``verified.ok == False`` (must never happen);
+- ``returned a failing model``: ``prune`` returned ``verified.accepted == False`` (must never happen);
 - ``crash`` (any other exception), ``timeout``, ``build failed``, ``worker died``.
 With ``--tp``, Torch-Pruning 1.6.1 (MetaPruner, group L2 magnitude, 30%, the last Linear ignored) runs on the
 same build in its own worker: does it run, does the pruned model run, does it keep the output shapes (Torch-Pruning
@@ -137,7 +138,7 @@ def run_one(mid: str) -> dict[str, Any]:
     row["frozen_by_check"] = [[g, _reason_key(r)] for g, r in res.frozen_by_check][:3]
     v = res.verified
     row["max_rel_error"] = v.max_rel_error
-    if not v.ok:
+    if not v.accepted:  # proven, or inexact by design (LayerNorm groups): both are returned by prune()
         row.update(status="returned a failing model", error=v.message[:300])
     elif not res.graph.prunable:
         row["status"] = "nothing prunable"

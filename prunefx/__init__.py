@@ -15,7 +15,9 @@ import sys
 import types
 from typing import TYPE_CHECKING, Any
 
-from prunefx import integrations  # noqa: F401 - names the built-in plugins; imports none of them
+from prunefx import _renamed, integrations  # noqa: F401 - integrations names the built-in plugins; imports none
+
+_renamed.install()  # modules renamed in a release stay importable under their old names, with a FutureWarning
 
 # public name -> the module that defines it
 _PUBLIC = {
@@ -31,6 +33,7 @@ _PUBLIC = {
     "prune_depth": "prunefx.depth", "DepthResult": "prunefx.depth",
     "save": "prunefx.checkpoint", "load": "prunefx.checkpoint",
     "recover": "prunefx.train.recover", "RecoverConfig": "prunefx.train.recover",
+    "quantize": "prunefx.deploy", "Quantized": "prunefx.deploy",
     "PrunefxError": "prunefx.errors", "VerificationError": "prunefx.errors", "ScoreScaleWarning": "prunefx.errors",
 }  # fmt: skip
 __all__ = [  # in pipeline order, as docs/api.md introduces them
@@ -38,7 +41,7 @@ __all__ = [  # in pipeline order, as docs/api.md introduces them
     "score", "Scores", "register_criterion", "make_plan", "PlanConfig", "PlanError", "PruningPlan", "CostModel",
     "apply_plan", "register_fixer", "verify", "VerifyResult", "prune", "PruneResult", "prune_depth", "DepthResult",
     "save", "load", "recover",
-    "RecoverConfig", "PrunefxError", "VerificationError", "ScoreScaleWarning",
+    "RecoverConfig", "quantize", "Quantized", "PrunefxError", "VerificationError", "ScoreScaleWarning",
 ]  # fmt: skip
 __version__ = "0.1.0"
 
@@ -76,6 +79,7 @@ if TYPE_CHECKING:  # what the names are, for type checkers and editors
     from prunefx.capture import register_leaf, trace
     from prunefx.capture.inputs import Inputs
     from prunefx.checkpoint import load, save
+    from prunefx.deploy import Quantized, quantize
     from prunefx.errors import PrunefxError, ScoreScaleWarning
     from prunefx.importance import Scores, register_criterion, score
     from prunefx.plan import CostModel, PlanConfig, PlanError, PruningPlan, make_plan

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from prunefx import compensation as bias
 from prunefx._config import from_dict
 from prunefx.analysis import Capture, DependencyGraph, analyze
 from prunefx.analysis.parts import PartialCapture, check_inputs
@@ -42,12 +43,15 @@ from prunefx.plan.widths import with_registered_widths
 from prunefx.sensitivity import calibration_batches
 from prunefx.sensitivity import measure as measure_sensitivity
 from prunefx.steps import prune_in_steps
-from prunefx.transform import Compensation, Refit, apply_plan, check_calibration, compensate, owned_modules
+from prunefx.transform import Compensation, Refit, apply_plan, check_calibration, owned_modules
 from prunefx.transform import refit as refit_layers  # prune()'s own refit is its flag
 from prunefx.verify import VerifyResult, verify
 
 _MAX_ROUNDS = 3  # localise-freeze-replan rounds before giving up
 _MAX_CULPRITS = 8  # groups found per round
+NO_DATA = ("no calibration data: the cut was made from the weights and the example inputs alone; a few batches of "
+           "real inputs (prunefx.prune(..., calibration=[x1, x2, ...])) would re-fit it by least squares to the "
+           "original's outputs")
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,7 @@ class PruneResult:
     graph: DependencyGraph
     scores: Scores
     verified: VerifyResult | None
+    # bias compensation: what was folded, or the decision not to (applied, why, held-out errors); None: not considered
     compensation: Compensation | None = None
     refit: Refit | None = None  # the re-fit after the cut (refit=True): each layer's calibration error before/after
     latency: LatencyOutcome | None = None  # a latency target's rounds: planned vs measured, re-plans
@@ -66,11 +71,24 @@ class PruneResult:
     warnings: tuple[str, ...] = ()  # what prune() warned about (tied scores, score scales), for a CLI or report
     sensitivity: SensitivityCurves | None = None  # scope="sensitivity": the measured damage curves planned on
     steps: tuple[PruneResult, ...] = ()  # prune(steps=k): each cut's own result (plan relative to the model it cut)
+    notes: tuple[str, ...] = ()  # what prune() wants said beside the plan (no data: what data would add)
 
     @property
     def parts(self) -> PartialCapture | None:
         """Set when the model's own forward could not be captured: the parts pruned, the opaque code and its share."""
         return self.graph.parts
+
+    def summary(self) -> str:
+        """The plan's summary, then the check's state, bias compensation, the re-fit and the notes, a line each."""
+        lines = [self.plan.summary()]
+        lines.append("check: " + (self.verified.headline() if self.verified is not None else "skipped (check=False)"))
+        if self.compensation is not None:
+            lines.append(self.compensation.line())
+        if self.refit is not None:
+            lines.append(f"re-fit on {self.refit.batches} calibration batch(es): relative output error "
+                         f"{self.refit.before:.4g} -> {self.refit.after:.4g} over {len(self.refit.layers)} layer(s)")
+        lines += [*self.warnings, *self.notes]
+        return "\n".join(lines)
 
 
 def prune(
@@ -86,7 +104,7 @@ def prune(
     latency_cache: str | os.PathLike[str] | None = "default",
     steps: int = 1,
     calibration: Iterable[Any] | None = None,
-    refit: bool = False,
+    refit: bool | None = None,
     sensitivity_cache: str | os.PathLike[str] | None = "default",
     on_cut: Callable[[nn.Module], None] | None = None,
     **score_kwargs: Any,
@@ -98,8 +116,11 @@ def prune(
     ``{"input_ids": ids, "pixel_values": px}``) or both (``prunefx.Inputs(x, mask=m)``); keyword inputs are bound by
     ``model.forward``'s signature (:mod:`prunefx.capture.inputs`), so every stage runs the same call.
 
-    ``bias_compensation`` (default: the criterion's registration, on for ``bn_scale``) folds the removed channels'
-    mean contribution into their consumers first; the oracle then checks against the equally compensated original.
+    ``bias_compensation`` folds the removed channels' mean contribution into their consumers first; the oracle then
+    checks against the equally compensated original. Default (None), for a criterion registered to compensate
+    (``bn_scale``) and no re-fit: with ``calibration``, kept only if it lowers the output error on held-out
+    calibration batches; without, only for the groups the criterion itself scored (BatchNorm gammas, not the ``l2``
+    fallback) (:mod:`prunefx.compensation`). ``PruneResult.compensation`` says what was decided and why.
     ``capture`` ("auto", "fx", "export") is how :func:`prunefx.analyze` captures the model.
     A latency target (``PlanConfig(latency=0.5)``) or ``round_to="auto"`` is measured on ``deployment``
     (default: torch on the CPU with torch's threads, the example's batch): the model's layers are timed at
@@ -118,6 +139,8 @@ def prune(
     ``refit`` re-fits, after the cut, every layer that lost input channels by least squares to reproduce the
     original layer's output on ``calibration`` (:func:`prunefx.transform.refit`; it replaces bias compensation);
     the oracle checks the structure before it, ``PruneResult.refit`` gives each layer's error before and after.
+    Default (None): on when ``calibration`` is given (and ``bias_compensation=True`` is not); ``refit=False`` says
+    no. Without data ``PruneResult.notes`` (and ``summary()``) say that a few batches of real inputs would re-fit it.
     Costs (layers re-fitted + 2) forward passes over the calibration batches. ``on_cut(model)`` is called with
     the pruned model once the oracle passed and before the re-fit changes it (to measure the cut alone).
     ``PlanConfig(scope="sensitivity")`` measures each group's damage curve on ``calibration`` first
@@ -138,6 +161,8 @@ def prune(
     if isinstance(calibration, torch.Tensor):  # one batch (list() would split it into samples)
         calibration = [calibration]
     calibration = None if calibration is None else list(calibration)  # read once: scored, then re-fitted on
+    if refit is None:  # data means re-fit, unless bias compensation was asked for (the re-fit replaces it)
+        refit = calibration is not None and not bias_compensation
     if steps != 1 or not isinstance(steps, int) or isinstance(steps, bool):
         passed = dict(locals())  # every argument, whatever prune() grows, goes to each cut unchanged
         for own in ("model", "example_inputs", "config", "steps", "score_kwargs"):
@@ -149,16 +174,19 @@ def prune(
     if config.scope == "sensitivity" and calibration is None:  # refused before any work
         raise PlanError("scope='sensitivity' measures each group's damage on calibration data: pass "
                         "prunefx.prune(..., calibration=[x, ...]) (a few batches of model inputs)")
-    compensated = not refit and (compensates(criterion) if bias_compensation is None else bias_compensation)
+    compensating = not refit and calibration is not None and (bias_compensation or (
+        bias_compensation is None and compensates(criterion)))
+    batches = _calibration_inputs(calibration, model) if compensating else None  # its means, and its measurement
     dg = analyze(model, example_inputs, capture=capture)
     _check_capture(dg, config)
     owned = owned_modules(model)
     scores = score(model, dg, criterion, **({"calibration": calibration} if calibration is not None else {}),
                    **score_kwargs)
+    chosen = bias.intent(criterion, bias_compensation, refit, scores, batches)
     curves = None
     if config.scope == "sensitivity":  # damage measured as the cut will be made (compensated, re-fitted or neither)
         curves = measure_sensitivity(
-            model, dg, scores, calibration, loss_fn=score_kwargs.get("loss_fn"), compensate_bias=compensated,
+            model, dg, scores, calibration, loss_fn=score_kwargs.get("loss_fn"), compensate_bias=chosen is not None,
             config=config, example_inputs=example_inputs, cache=sensitivity_cache, refit=refit_inputs is not None,
         )
     cost = CostModel(model, dg, example_inputs) if check or config.target[0] in ("flops", "params") else None
@@ -173,13 +201,21 @@ def prune(
     extra = _target_extras(dg, latency)
     plan = replace(plan, target={**plan.target, **extra})
     verified = None
-    if check:
-        trial = _Trial(model, example_inputs, config, compensated)
+    if check:  # checked with compensation on where it is still to be measured: the plan must be final first
+        trial = _Trial(model, example_inputs, config, chosen)
         replan = partial(_replan, scores=scores, config=config, cost=cost, latency=latency, owned=owned, extra=extra,
                          sensitivity=curves)
         dg, plan, verified = _checked_plan(trial, dg, plan, replan)
+    if chosen is not None and chosen.measure:
+        chosen = bias.decide(model, dg, plan, example_inputs, chosen, graph_rewrite=config.graph_rewrite)
+        if check and not chosen.on:  # the copy handed back must be the one verified: checked again, uncompensated
+            trial.chosen = chosen
+            verified = trial(dg, plan)
+            if not _ok(verified):
+                raise VerificationError(f"{dg.model_name}: the uncompensated cut failed the check ({_why(verified)}) "
+                                        "where the compensated one passed; the model was not changed. Report it.")
     said = _warn_ties(scores, plan) + _warn_scales(plan)
-    compensation = compensate(model, dg, plan, example_inputs) if compensated else None
+    compensation = bias.apply(model, dg, plan, example_inputs, chosen)
     original = copy.deepcopy(model) if refit_inputs is not None else None  # the re-fit's targets
     pruned = apply_plan(model, dg, plan, graph_rewrite=config.graph_rewrite)
     if check:
@@ -189,7 +225,7 @@ def prune(
     refitted = refit_layers(original, pruned, dg, plan, refit_inputs) if refit_inputs is not None else None
     return PruneResult(model=pruned, plan=plan, graph=dg, scores=scores, verified=verified, compensation=compensation,
                        refit=refitted, latency=outcome, frozen_by_check=dg.frozen_by_check, warnings=said,
-                       sensitivity=curves)
+                       sensitivity=curves, notes=() if calibration is not None else (NO_DATA,))
 
 
 def _calibration_inputs(calibration: Iterable[Any], model: nn.Module) -> list[tuple]:
@@ -282,8 +318,8 @@ def _warn_scales(plan: PruningPlan) -> tuple[str, ...]:
 class _Trial:
     """Applies a plan to a fresh copy of the model and verifies it; the model itself is never touched."""
 
-    def __init__(self, model: nn.Module, inputs: tuple, config: PlanConfig, bias_compensation: bool) -> None:
-        self.model, self.inputs, self.config, self.bias = model, inputs, config, bias_compensation
+    def __init__(self, model: nn.Module, inputs: tuple, config: PlanConfig, chosen: bias.Intent | None) -> None:
+        self.model, self.inputs, self.config, self.chosen = model, inputs, config, chosen
         self.last_pruned: nn.Module | None = None
         self.runs = 0
 
@@ -299,8 +335,7 @@ class _Trial:
             ) from exc
         try:
             work_dg = replace(dg, gm=gm)
-            if self.bias:
-                compensate(work, work_dg, plan, self.inputs)
+            bias.apply(work, work_dg, plan, self.inputs, self.chosen)
             reference, ref_gm = copy.deepcopy((work, gm))  # the compensated original, masked by the oracle
             pruned = apply_plan(work, work_dg, plan, graph_rewrite=self.config.graph_rewrite)
             result = verify(reference, pruned, plan, self.inputs, dg=replace(dg, gm=ref_gm))
@@ -329,7 +364,8 @@ def _copy_fix(model: nn.Module) -> str:
 
 
 def _ok(result: VerifyResult | Exception) -> bool:
-    return isinstance(result, VerifyResult) and result.ok
+    """The trial passed: proven equal, or inexact by design (its state says which, and the result keeps it)."""
+    return isinstance(result, VerifyResult) and result.accepted
 
 
 def _why(result: VerifyResult | Exception) -> str:

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from prunefx._io import atomic_torch_save, load_torch_file
+from prunefx._io import atomic_torch_save, load_torch_file, read_json
 from prunefx.analysis import analyze
 from prunefx.analysis.blocks import residual_blocks
 from prunefx.capture.inputs import positional, rebuilt
@@ -40,6 +40,9 @@ def save(model: nn.Module, plan: Plan | Sequence[Plan], path: str | os.PathLike)
     """Write ``{"format", "plan", "state_dict"}`` atomically (temp file, then rename); several plans, or a depth
     plan, as ``{"format": .../2, "plans": [...], "state_dict"}``."""
     path = Path(path)
+    if path.is_dir():
+        raise PrunefxError(f"prunefx.save: {path} is a directory; give the path of the file to write, e.g. "
+                           f"{path / 'pruned.pt'}")
     plans = [plan] if isinstance(plan, (PruningPlan, DepthPlan)) else list(plan)
     if not plans or not all(isinstance(p, (PruningPlan, DepthPlan)) for p in plans):
         raise PrunefxError("prunefx.save takes the PruningPlan or DepthPlan a prune returned (result.plan), or a "
@@ -52,11 +55,44 @@ def save(model: nn.Module, plan: Plan | Sequence[Plan], path: str | os.PathLike)
     return path
 
 
-def _plans(payload: dict) -> list[Plan]:
+def _plans(payload: dict, path: str | os.PathLike) -> list[Plan]:
+    fix = "it was not written by prunefx.save (or was edited since): save the model again"
     if payload.get("format") == FORMAT:
-        return [PruningPlan.from_dict(payload["plan"])]
-    return [DepthPlan.from_dict(d) if d.get("schema") == DEPTH_SCHEMA else PruningPlan.from_dict(d)
-            for d in payload["plans"]]
+        return [plan_from_dict(payload.get("plan"), f"{path}: its plan", fix=fix)]
+    plans = payload.get("plans")
+    if not isinstance(plans, list) or not plans:
+        raise PrunefxError(f"{path}: its plans are {type(plans).__name__}, not a list of plans; {fix}")
+    return [plan_from_dict(d, f"{path}: its plan {i}", fix=fix) for i, d in enumerate(plans)]
+
+
+def plan_from_dict(data: Any, where: str, *, fix: str, kind: type | tuple[type, ...] = (PruningPlan, DepthPlan),
+                   error: type[Exception] = PrunefxError) -> Plan:
+    """The plan ``to_dict`` wrote (a PruningPlan, or a DepthPlan by its schema), type-checked where it is applied;
+    ``error`` naming ``where`` and ``fix`` for anything else (a damaged or edited file)."""
+    try:
+        if not isinstance(data, dict):
+            raise TypeError(f"an object was expected, got {type(data).__name__}")
+        plan = DepthPlan.from_dict(data) if data.get("schema") == DEPTH_SCHEMA else PruningPlan.from_dict(data)
+        if isinstance(plan, PruningPlan):
+            for g in plan.groups:
+                values = (g.group, g.before, g.after, *g.keep)
+                if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+                    raise TypeError(f"group {g.group!r}: group, before, after and keep must be integers")
+    except KeyError as exc:
+        raise error(f"{where} is not a valid prunefx plan (missing {exc}); {fix}") from None
+    except (PrunefxError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        raise error(f"{where} is not a valid prunefx plan ({str(exc)[:300]}); {fix}") from None
+    if not isinstance(plan, kind):
+        raise error(f"{where} is a {type(plan).__name__}, not the plan expected there; {fix}")
+    return plan
+
+
+def read_plan(path: str | os.PathLike, *, fix: str, kind: type | tuple[type, ...] = (PruningPlan, DepthPlan),
+              error: type[Exception] = PrunefxError) -> Plan:
+    """A plan saved as JSON (a run's ``plan.json`` / ``depth_plan.json``), read by :func:`prunefx._io.read_json`
+    and :func:`plan_from_dict`."""
+    data = read_json(path, error, missing=f"{path} is missing; {fix}", what="is not valid JSON", fix=fix, expect=dict)
+    return plan_from_dict(data, str(path), fix=fix, kind=kind, error=error)
 
 
 def _reapply_depth(model: nn.Module, plan: DepthPlan, inputs: tuple) -> None:
@@ -98,7 +134,7 @@ def load(
         raise PrunefxError(f"{path} is not a readable prunefx checkpoint ({type(exc).__name__}{detail})") from exc
     if not isinstance(payload, dict) or payload.get("format") not in (FORMAT, FORMAT_STEPS):
         raise PrunefxError(f"{path} is not a prunefx checkpoint (expected format {FORMAT!r} or {FORMAT_STEPS!r})")
-    plans = _plans(payload)
+    plans = _plans(payload, path)
     plan = plans[0]
     model = base_model_factory()
     if example_inputs is not None:

@@ -17,7 +17,7 @@ the call raises.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import astuple, dataclass, replace
 from typing import Any
 
@@ -145,21 +145,52 @@ def score_blocks(model: nn.Module, blocks: Sequence[ResidualBlock], calls: dict[
         model.train(was)
 
 
+def _kinds_kept(search: BlockSearch, keep_one: Mapping[str, Sequence[str]], named: bool
+                ) -> tuple[BlockSearch, list[set[str]]]:
+    """``search`` without the blocks that are the only one of their kind (refused, with the reason; an error when
+    ``named``: the caller asked for them), and the kinds whose blocks are all candidates (one of each must stay)."""
+    paths = {b.path for b in search.blocks}
+    last = {next(iter(g)): kind for kind, g in keep_one.items() if len(set(g)) == 1 and set(g) <= paths}
+    if last and named:
+        path, kind = next(iter(last.items()))
+        raise PrunefxError(f"{path} cannot be removed: it is the only {kind}, which the model needs")
+    if last:
+        search = BlockSearch(tuple(b for b in search.blocks if b.path not in last),
+                             (*((p, f"the only {k}, which the model needs") for p, k in last.items()), *search.refused))
+    groups = [set(g) for g in keep_one.values() if len(set(g)) > 1 and set(g) <= paths]
+    return search, groups
+
+
 def _met(chosen: Sequence[str], own: dict[str, int], total: int, remove: int | None, params: float | None) -> bool:
     if remove is not None:
         return len(chosen) >= remove
     return params is not None and total - sum(own[p] for p in chosen) <= params * total
 
 
+def _keeping_one(order: Sequence[str], groups: Sequence[set[str]]) -> list[str]:
+    """``order`` less the blocks whose removal, after those before them, would take the last of a group."""
+    left = [set(g) for g in groups]
+    out = []
+    for p in order:
+        if any(g == {p} for g in left):
+            continue
+        for g in left:
+            g.discard(p)
+        out.append(p)
+    return out
+
+
 def _iterative(model: nn.Module, blocks: Sequence[ResidualBlock], calls: dict[str, BlockCall], batches: list[tuple],
-               criterion: str, loss_fn: Callable | None, met: Callable[[list[str]], bool]
-               ) -> tuple[dict[str, float], list[str]]:
+               criterion: str, loss_fn: Callable | None, met: Callable[[list[str]], bool],
+               groups: Sequence[set[str]] = ()) -> tuple[dict[str, float], list[str]]:
     """Blocks chosen one at a time, each the lowest-scored on the model without those chosen before it: each block's
-    score when it was chosen (the others': their last), and the order."""
+    score when it was chosen (the others': their last), and the order (never the last block of a group)."""
     chosen: list[str] = []
     scores = {b.path: 0.0 for b in blocks}
-    while not met(chosen) and len(chosen) < len(blocks):
-        left = [b for b in blocks if b.path not in chosen]
+    while not met(chosen):
+        left = [b for b in blocks if b.path not in chosen and _keeping_one([*chosen, b.path], groups)[-1:] == [b.path]]
+        if not left:
+            break
         undo = remove_blocks(model, [b for b in blocks if b.path in chosen], calls, compact=False)
         try:
             now = score_blocks(model, left, calls, batches, criterion, loss_fn)
@@ -168,7 +199,7 @@ def _iterative(model: nn.Module, blocks: Sequence[ResidualBlock], calls: dict[st
         scores.update(now)
         chosen.append(min(now, key=lambda p: (now[p], [b.path for b in blocks].index(p))))
     rest = sorted((p for p in scores if p not in chosen), key=lambda p: scores[p])
-    return scores, chosen + rest
+    return scores, _keeping_one(chosen + rest, groups)
 
 
 def prune_depth(
@@ -187,6 +218,8 @@ def prune_depth(
     compact: bool = True,
     iterative: bool = False,
     under: str | None = None,
+    keep_one: Mapping[str, Sequence[str]] | None = None,
+    after: Callable[[nn.Module], str | None] | None = None,
 ) -> DepthResult:
     """Remove residual blocks of ``model`` in place: ``remove`` of them, or the fewest that leave at most ``params``
     of the parameters, lowest ``criterion`` score first (scored on ``calibration``, default the example inputs).
@@ -195,8 +228,11 @@ def prune_depth(
     residual). ``iterative``: remove one block at a time, re-scoring the rest on the model without the ones chosen
     so far (blocks that only matter together are not removed together; cost: one scoring per removed block).
     ``under``: consider only the blocks inside that submodule (a VLM's language model).
-    With ``check`` the result must equal the original with the removed blocks' branches zeroed; if not, the blocks
-    are put back and :class:`~prunefx.errors.VerificationError` is raised.
+    ``keep_one``: per kind of block (its name in words), the block paths of which at least one always stays (an
+    integration's: the last layer of a kind its model's cache or masks need); the only one of its kind is refused
+    before any compute. With ``check`` the result must equal the original with the removed blocks' branches zeroed,
+    and ``after(model)`` (an integration's check of the pruned model: its default call) must return None; if not, the
+    blocks are put back and :class:`~prunefx.errors.VerificationError` is raised.
     """
     _plugins.activate()
     inputs = positional(model, example_inputs)
@@ -210,9 +246,15 @@ def prune_depth(
     if blocks is not None and search.refused:
         path, why = search.refused[0]
         raise PrunefxError(f"{path} cannot be removed: {why}")
+    search, groups = _kinds_kept(search, keep_one or {}, blocks is not None)
     if not search.blocks:
         reason = f" ({search.refused[0][0]}: {search.refused[0][1]})" if search.refused else ""
         raise PrunefxError(f"{type(model).__name__} has no removable residual block{reason}; name blocks with blocks=")
+    if remove is not None and remove > len(search.blocks) - len(groups):
+        most = len(search.blocks) - len(groups)
+        kinds = ", ".join(k for k, g in (keep_one or {}).items() if set(g) in groups)
+        kept = f" (one of each kind stays: {kinds})" if groups else ""
+        raise PrunefxError(f"remove={remove}, but the model has {most} removable blocks{kept}: give 0 to {most}")
     calls, failed = block_calls(model, dg.gm, search.blocks, inputs)
     if failed:  # its call could not be read (what it returns besides the stream): it cannot be bypassed
         search = BlockSearch(tuple(b for b in search.blocks if b.path not in failed),
@@ -226,12 +268,14 @@ def prune_depth(
     own = {b.path: b.params for b in search.blocks}
     if iterative:
         scores, order = _iterative(model, search.blocks, calls, batches, criterion, loss_fn,
-                                   lambda chosen: _met(chosen, own, total, remove, params))
+                                   lambda chosen: _met(chosen, own, total, remove, params), groups)
         plan = plan_depth(scores, own, total, f"{criterion}, iterative", remove=remove, keep_params=params,
                           order=order)
     else:
         scores = score_blocks(model, search.blocks, calls, batches, criterion, loss_fn)
-        plan = plan_depth(scores, own, total, criterion, remove=remove, keep_params=params)
+        order = sorted(scores, key=lambda p: (scores[p], list(scores).index(p)))
+        plan = plan_depth(scores, own, total, criterion, remove=remove, keep_params=params,
+                          order=_keeping_one(order, groups))
     plan = replace(plan, model=type(model).__name__, input_shapes=dg.input_shapes, input_kinds=input_kinds(inputs),
                    calls=tuple((p, astuple(calls[p])) for p in plan.remove))
     chosen = [search.block(p) for p in plan.remove]
@@ -239,8 +283,9 @@ def prune_depth(
     verified = None
     if check:
         verified = verify_depth(model, dg, model, chosen, inputs, rtol=rtol)
-        if not verified.ok:
+        why = verified.message if not verified.ok else after(model) if after is not None else None
+        if why is not None:
             undo()
-            raise VerificationError(f"depth pruning failed its check, the blocks are back: {verified.message}")
+            raise VerificationError(f"depth pruning failed its check, the blocks are back: {why}")
     return DepthResult(model, plan, search, verified)
 

@@ -37,16 +37,29 @@ class StorageError(PrunefxError, OSError):
         return str(self.args[0])  # OSError's own str would be "[Errno N] ..." from errno and filename
 
 
+class UnsafePathError(PrunefxError):
+    """A write would leave the directory it belongs in: a symbolic link on its way, or a name read from a file that is
+    not one plain file name (``..``, a separator)."""
+
+
 class PrunefxWarning(UserWarning):
     """Base class of prunefx's warnings: a result to doubt, with what to do about it."""
 
 
-class RuleOverrideWarning(PrunefxWarning):
+class RegistryOverrideWarning(PrunefxWarning):
+    """A ``register_*`` call replaced an entry prunefx registered itself, without ``replace=True``."""
+
+
+class RuleOverrideWarning(RegistryOverrideWarning):
     """``register_rule`` replaced one of prunefx's built-in op rules without ``replace=True``."""
 
 
 class TrustWarning(PrunefxWarning):
     """A file is loaded with full unpickling because the caller said it trusts it."""
+
+
+class TargetMissedWarning(PrunefxWarning):
+    """A plan could not reach its MACs / params / ratio target: it names the value reached and what froze the rest."""
 
 
 class TiedScoresWarning(PrunefxWarning):

@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from prunefx._registry import put
+
 if TYPE_CHECKING:
     import torch
     from torch import nn
@@ -84,12 +86,15 @@ class TorchFamily:
 
 
 TORCH = TorchFamily()
-_FAMILIES: dict[str, ModelFamily | str] = {TORCH.name: TORCH}  # name -> family, or "module:attribute" not yet imported
+_FAMILIES: dict[str, ModelFamily | str] = {}  # name -> family, or "module:attribute" not yet imported
 
 
-def register_family(name: str, family: ModelFamily | str) -> None:
+def register_family(name: str, family: ModelFamily | str, *, replace: bool = False) -> None:
     """Register ``family`` under ``name``: an object, or ``"module:attribute"`` imported on first :func:`get_family`."""
-    _FAMILIES[name] = family
+    put(_FAMILIES, name, family, what="register_family", replace=replace)
+
+
+register_family(TORCH.name, TORCH)
 
 
 def get_family(name: str) -> ModelFamily:

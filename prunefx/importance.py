@@ -8,7 +8,8 @@ of its members at once: every BatchNorm it passes, every weight slice that would
 >>> s.values[g.id], s.used[g.id]          # (array of g.channels scores, "bn_scale")
 
 New criteria plug in with ``@register_criterion("name")`` on ``fn(ctx, group) -> np.ndarray | None``; a criterion
-registered with ``compensate=True`` gets bias compensation in ``prunefx.prune`` unless the caller says otherwise.
+registered with ``compensate=True`` gets bias compensation in ``prunefx.prune`` where it helps (see
+:mod:`prunefx.compensation`) unless the caller says otherwise.
 """
 
 from __future__ import annotations
@@ -44,9 +45,10 @@ def register_criterion(
 ) -> Callable[[Criterion], Criterion]:
     """Register ``fn(ctx, group)``; ``not_applicable`` says why it returns None, e.g. "no BatchNorm in group".
 
-    ``compensate``: ``prunefx.prune`` folds the removed channels' mean contribution into their consumers by
+    ``compensate``: ``prunefx.prune`` may fold the removed channels' mean contribution into their consumers by
     default (``bias_compensation=None``), for criteria that remove channels whose output is near-constant, not
-    near-zero (a small BatchNorm gamma leaves its beta).
+    near-zero (a small BatchNorm gamma leaves its beta): with calibration data where it lowers the held-out output
+    error, without only in the groups this criterion scored itself, not a fallback (:mod:`prunefx.compensation`).
 
     >>> @register_criterion("gamma_sq", not_applicable="no BatchNorm in group", compensate=True)
     ... def gamma_sq(ctx, group): ...

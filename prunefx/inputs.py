@@ -20,6 +20,7 @@ of tensors is keyword inputs (``model(**batch)``, as a tokenizer's output is cal
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,6 +38,10 @@ DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16, "int64": torch.int64, "long": torch.int64, "int32": torch.int32, "bool": torch.bool,
 }  # fmt: skip
 _SHAPE = re.compile(r"\d+(x\d+)*")
+# An example input is for analysis and a few forward passes: 2**28 elements (1 GiB of float32) is far beyond any
+# model's input, and refusing above it keeps a typo (1x1x100000x100000) from reaching the allocator.
+MAX_ELEMENTS = 2**28
+MAX_DIMS = 16
 FORMAT = ("a shape with an optional dtype, e.g. 1x1x1024 or 1x128:int64, a .pt file of tensors, or a "
           "package.module:function that returns the inputs")
 
@@ -59,11 +64,21 @@ class InputSpec:
 def parse_input(text: str) -> InputSpec:
     """``SHAPE[:DTYPE]`` as an :class:`InputSpec`; SpecError names what is wrong and the format."""
     shape, _, dtype = text.strip().partition(":")
-    if not _SHAPE.fullmatch(shape) or any(int(d) < 1 for d in shape.split("x")):
-        raise SpecError(f"--input {text!r}: the shape must be positive sizes joined by 'x'; give {FORMAT}.")
+    shown = text if len(text) <= 60 else f"{text[:57]}..."
+    # A size of over 12 digits is over the cap anyway (and int() of thousands of digits is itself an error).
+    sizes = [int(d) if len(d) <= 12 else MAX_ELEMENTS + 1 for d in shape.split("x")] if _SHAPE.fullmatch(shape) else []
+    if not sizes or any(d < 1 for d in sizes):
+        raise SpecError(f"--input {shown!r}: the shape must be positive sizes joined by 'x'; give {FORMAT}.")
     if dtype and dtype not in DTYPES:
-        raise SpecError(f"--input {text!r}: unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}.")
-    return InputSpec(tuple(int(d) for d in shape.split("x")), DTYPES[dtype] if dtype else torch.float32)
+        raise SpecError(f"--input {shown!r}: unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}.")
+    if len(sizes) > MAX_DIMS:
+        raise SpecError(f"--input {shown!r}: {len(sizes)} dimensions, more than the {MAX_DIMS} an example input may "
+                        "have; give the shape the model takes, e.g. 1x3x224x224.")
+    if math.prod(sizes) > MAX_ELEMENTS:
+        raise SpecError(f"--input {shown!r}: more than {MAX_ELEMENTS:,} elements, the most an example input from a "
+                        "shape may have (it is only for analysis); give a smaller shape (batch 1 and the model's "
+                        "usual size, e.g. 1x3x224x224), or pass a .pt file of the tensors.")
+    return InputSpec(tuple(sizes), DTYPES[dtype] if dtype else torch.float32)
 
 
 def example_inputs(items: Sequence[str], *, seed: int = 0) -> Inputs:
@@ -98,7 +113,11 @@ def example_inputs(items: Sequence[str], *, seed: int = 0) -> Inputs:
 
 def _one(text: str, generator: torch.Generator, item: str) -> Inputs:
     path = Path(text)
-    if path.suffix in (".pt", ".pth") or path.is_file():
+    try:
+        is_file = path.is_file()
+    except OSError:  # a name too long for a file (a shape of thousands of digits): not a file, then
+        is_file = False
+    if path.suffix in (".pt", ".pth") or is_file:
         return _from_file(path)
     return Inputs(parse_input(text).tensor(generator))
 
@@ -135,4 +154,4 @@ def as_inputs(data: Any, what: str) -> Inputs:
                     "inputs) or prunefx.Inputs(...); save or return the model's inputs as one of those")
 
 
-__all__ = ["DTYPES", "FORMAT", "INT_HIGH", "InputSpec", "as_inputs", "example_inputs", "parse_input"]
+__all__ = ["DTYPES", "FORMAT", "INT_HIGH", "MAX_ELEMENTS", "InputSpec", "as_inputs", "example_inputs", "parse_input"]

@@ -51,14 +51,20 @@ from prunefx.capture.torch_export import export_graph
 from prunefx.capture.trace import module_state_kept, trace, training_mode
 from prunefx.plan import PlanError, PruningPlan, validate_plan
 
+STATES = ("proven", "inexact", "failed")
+
 
 @dataclass(frozen=True)
 class VerifyResult:
-    """Outcome of :func:`verify`; ``ok`` is True when every output matched within ``rtol``.
+    """Outcome of :func:`verify`: ``state`` "proven" (``ok``: every output matched within ``rtol``), "inexact" (a
+    pruned group passes through cross-channel statistics, so no exact equality exists; the pruned model runs in both
+    modes with finite outputs, and ``max_rel_error`` says how far it moved) or "failed".
 
-    Not ok either when some output could not be compared at all (``problems``): nothing compared is no pass."""
+    ``ok`` is True only when proven; ``accepted`` also takes an inexact-by-design cut, which ``prunefx.prune``
+    returns (labelled). Failed too when some output could not be compared at all (``problems``): nothing compared is
+    no pass."""
 
-    ok: bool
+    ok: bool  # proven equal: state == "proven"
     exact: bool  # False when a pruned group mixes channels in its statistics (LayerNorm, GroupNorm...)
     max_rel_error: float  # NaN when nothing was compared
     errors: tuple[float, ...]  # per output tensor: max |a - b| / max |a|
@@ -69,6 +75,24 @@ class VerifyResult:
     notes: tuple[str, ...] = ()  # how it was checked: float64 recheck, replayed discrete ops, modes not checked
     outputs: tuple[str, ...] = ()  # the path of each compared output (``out['logits']``), as ``errors``
     problems: tuple[str, ...] = ()  # why the comparison is incomplete or meaningless; any one fails the check
+    state: str = ""  # "proven" | "inexact" | "failed"; unset: from ok (other oracles prove or fail, never inexact)
+
+    def __post_init__(self) -> None:
+        if not self.state:  # frozen: set once, here
+            object.__setattr__(self, "state", "proven" if self.ok else "failed")
+        if self.state not in STATES or self.ok != (self.state == "proven"):
+            raise ValueError(f"VerifyResult: state {self.state!r} with ok={self.ok}; state is one of {STATES} and ok "
+                             "is True exactly when it is 'proven'")
+
+    @property
+    def accepted(self) -> bool:
+        """Proven, or inexact by design (nothing exact to prove): what ``prunefx.prune`` may return."""
+        return self.state != "failed"
+
+    def headline(self) -> str:
+        """One line for a summary: the message, led by the state when it is not a proof."""
+        lead = {"proven": "", "inexact": "inexact by design, not proven equal: ", "failed": "FAILED: "}[self.state]
+        return lead + self.message
 
 
 class _EvalGraph(EvalInterpreter):
@@ -657,14 +681,14 @@ def _result(original: nn.Module, pruned: nn.Module, plan: PruningPlan, example_i
     runs_eval, runs_train, run_notes = _runs(original, pruned, example_inputs)
     notes.extend(run_notes)
     exact = not inexact
-    ok = runs_eval and runs_train and not problems and (worst <= rtol if exact else math.isfinite(worst))
+    passed = runs_eval and runs_train and not problems and (worst <= rtol if exact else math.isfinite(worst))
+    state = "failed" if not passed else "proven" if exact else "inexact"
     if not (runs_eval and runs_train):
         msg = "the pruned model does not run (or changes output shapes) in " + (
             "eval and train mode" if not (runs_eval or runs_train) else "eval mode" if not runs_eval else "train mode")
     elif not exact:
-        msg = (
-            f"not exactly verifiable: groups {list(inexact)} pass through cross-channel ops; max rel. diff {worst:.3g}"
-        )
+        msg = (f"not exactly verifiable: groups {list(inexact)} pass through cross-channel ops (LayerNorm, "
+               f"GroupNorm...); max rel. diff {worst:.3g} from the masked original")
     else:
         at = f" at {scores.names[scores.errors.index(worst)]}" if worst > rtol and worst in scores.errors else ""
         msg = f"max relative error {worst:.3g}{at} over {len(scores.errors)} output(s) (rtol {rtol})"
@@ -672,8 +696,8 @@ def _result(original: nn.Module, pruned: nn.Module, plan: PruningPlan, example_i
         msg = "not verified: " + "; ".join(problems) + "; " + msg
     if notes:
         msg += "; " + "; ".join(notes)
-    return VerifyResult(bool(ok), exact, float(worst), tuple(scores.errors), inexact, runs_eval, runs_train, msg,
-                        tuple(notes), tuple(scores.names), tuple(problems))
+    return VerifyResult(state == "proven", exact, float(worst), tuple(scores.errors), inexact, runs_eval, runs_train,
+                        msg, tuple(notes), tuple(scores.names), tuple(problems), state)
 
 
 def _inexact(dg: DependencyGraph, plan: PruningPlan) -> tuple[int, ...]:

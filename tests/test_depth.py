@@ -162,6 +162,51 @@ def test_bad_depth_targets_are_one_clear_error_and_leave_the_model(kwargs, match
     assert all(torch.equal(state[k], v) for k, v in m.state_dict().items())
 
 
+def test_one_block_of_each_kind_stays_and_the_only_one_is_never_a_candidate(monkeypatch):
+    """``keep_one``: blocks of a kind the model needs (a hybrid model's attention layers): the only one of its kind is
+    refused, too many removed is refused before any block is scored, and the plan never takes the last of a kind."""
+    x = torch.randn(2, 6, 4)
+    kinds = {"'a' block": ("blocks.0", "blocks.1", "blocks.2"), "'b' block": ("blocks.3",)}
+    m = _tiny()
+    with pytest.raises(PrunefxError, match=r"^blocks\.3 cannot be removed: it is the only 'b' block, which the model "
+                                           r"needs$"):
+        prunefx.prune_depth(m, x, remove=1, blocks=["blocks.3"], keep_one=kinds)
+
+    def unscored(*args, **kwargs):
+        raise AssertionError("blocks were scored before the refusal")
+
+    monkeypatch.setattr(prunefx.depth, "score_blocks", unscored)
+    with pytest.raises(PrunefxError, match=r"^remove=4, but the model has 3 removable blocks \(one of each kind "
+                                           r"stays: 'a' block\): give 0 to 3$"):
+        prunefx.prune_depth(m, x, remove=4, keep_one=kinds)  # blocks.4 (no kind), two of the three 'a' blocks
+    monkeypatch.undo()
+    for iterative in (False, True):  # the lowest-scored first, but never the last 'a' block nor the only 'b' one
+        m = _tiny()
+        result = prunefx.prune_depth(m, x, remove=3, keep_one=kinds, iterative=iterative)
+        gone = set(result.plan.remove)
+        assert "blocks.3" not in gone and "blocks.4" in gone and len(gone & set(kinds["'a' block"])) == 2
+        assert result.verified.ok
+        assert ("blocks.3", "the only 'b' block, which the model needs") in result.search.refused
+
+
+def test_a_pruned_model_that_fails_the_after_check_gets_its_blocks_back():
+    """``after``: an integration's check of the model the user gets (its default call), run after the oracle."""
+    x = torch.randn(2, 6, 4)
+    m = _tiny()
+    before = m(x)
+    seen = []
+
+    def after(model):
+        seen.append(sum(isinstance(b, Bypass) for b in model.modules()))
+        return "the pruned model fails its default call (forced)"
+
+    with pytest.raises(VerificationError, match=r"blocks are back: the pruned model fails its default call \(forced\)"):
+        prunefx.prune_depth(m, x, remove=2, after=after)
+    assert seen == [2]  # it saw the pruned model
+    assert not any(isinstance(b, Bypass) for b in m.modules())
+    torch.testing.assert_close(m(x), before)
+
+
 def test_a_model_without_residual_blocks_says_so():
     m = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
     with pytest.raises(PrunefxError, match="no removable residual block"):

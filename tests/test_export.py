@@ -44,7 +44,6 @@ def test_torchvision_export_equals_pytorch(tmp_path, name: str, prune: float | N
 
 @pytest.mark.slow
 def test_pruned_vit_b16_export_equals_pytorch(tmp_path) -> None:
-    torch.set_num_threads(2)
     model = torchvision.models.vit_b_16(weights=None).eval()
     torch.nn.init.normal_(model.heads.head.weight, std=0.02)  # torchvision zero-initialises the head
     x = torch.randn(1, 3, 224, 224)

@@ -9,8 +9,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CORE = {"capture", "passes", "analysis", "importance", "plan", "transform", "verify", "checkpoint", "steps",
-        "sensitivity", "api", "depth", "verify_depth"}
-BASE = {"errors", "_io", "_plugins", "_config", "_state", "_gc", "_defaults", "_extras"}
+        "sensitivity", "compensation", "api", "depth", "verify_depth"}
+BASE = {"errors", "_io", "_plugins", "_config", "_state", "_gc", "_defaults", "_extras", "_renamed", "_registry"}
 # unit -> the units it may import (besides itself and BASE)
 ALLOWED: dict[str, set[str]] = {
     "capture": set(),
@@ -30,8 +30,12 @@ ALLOWED: dict[str, set[str]] = {
     # depth pruning: residual blocks found, scored on data, removed, checked by its own oracle
     "verify_depth": {"analysis", "capture", "plan", "verify"},
     "depth": {"analysis", "capture", "plan", "transform", "verify", "verify_depth", "sensitivity"},
-    "api": {"analysis", "capture", "importance", "metrics", "plan", "transform", "verify", "steps", "sensitivity"},
+    # whether prune() compensates biases: measured on held-out calibration batches (as sensitivity measures damage)
+    "compensation": {"analysis", "capture", "importance", "plan", "transform", "sensitivity"},
+    "api": {"analysis", "capture", "importance", "metrics", "plan", "transform", "verify", "steps", "sensitivity",
+            "compensation"},
     "onnx_export": {"capture", "metrics", "passes"},  # ONNX files checked with ONNX Runtime
+    "deploy": {"capture", "metrics", "passes", "onnx_export"},  # int8 with ONNX Runtime, checked against float
     "report": {"metrics", "view"},  # report.html draws a run's graph.json with the view's page
     "data": set(),
     "train": {"analysis", "capture", "data"},
@@ -47,8 +51,9 @@ ALLOWED: dict[str, set[str]] = {
     | {"metrics", "report", "view", "train", "data", "integrations", "spec", "zoo", "family", "examples", "__init__"},
     "cli": CORE
     | {"metrics", "report", "view", "train", "data", "integrations", "spec", "zoo", "pipeline", "onnx_export", "family",
-       "inputs", "__init__"},
-    "__init__": CORE | {"integrations", "train"},  # the public names: prunefx.recover is train's, imported on use
+       "inputs", "__init__", "deploy"},
+    # the public names: prunefx.recover is train's, prunefx.quantize deploy's, imported on use
+    "__init__": CORE | {"integrations", "train", "deploy"},
 }
 UNITS = set(ALLOWED) | BASE
 # Libraries the core must never import, not even lazily inside a function.
@@ -117,3 +122,30 @@ def test_no_two_modules_import_each_other() -> None:
     deps = {_module(rel): {m for m, _ in _imports(path)} for rel, path in _files()}
     circles = sorted(f"{a} <-> {b}" for a in deps for b in deps[a] if a < b and a in deps.get(b, ()))
     assert not circles, circles
+
+
+def _layout_rows() -> list[set[str]]:
+    """The units each row of LAYOUT.md's table names, top (imported by everything below) to bottom."""
+    import re
+
+    text = (ROOT / "prunefx" / "LAYOUT.md").read_text()
+    rows = []
+    for line in text.splitlines():
+        first = line.split("|")[1] if line.startswith("| `") else ""
+        names = {re.sub(r"\.py$|/$", "", n) for n in re.findall(r"`([\w./]+)`", first)}
+        if names:
+            rows.append({n for n in names if n in ALLOWED})
+    return rows
+
+
+def test_layout_lists_units_in_import_order() -> None:
+    """LAYOUT.md's floor rule holds: a unit may import only units of its own row or the rows above it."""
+    rows = _layout_rows()
+    listed = set().union(*rows)
+    assert set(ALLOWED) <= listed, f"units missing from LAYOUT.md: {sorted(set(ALLOWED) - listed)}"
+    above: set[str] = set()
+    bad = []
+    for row in rows:
+        above |= row
+        bad += [f"{u} imports {sorted(ALLOWED[u] - above)}, listed below it" for u in sorted(row) if ALLOWED[u] - above]
+    assert not bad, "; ".join(bad)

@@ -451,3 +451,41 @@ def test_infs_both_models_return_at_the_same_places_are_no_error():
     with torch.no_grad():
         pruned.b.bias[0] += 1.0
     assert not verify(original, pruned, plan, x).ok  # and the finite values are still compared
+
+
+class Normed(nn.Module):
+    """fc1 -> LayerNorm -> fc2: fc1's channels pass through the LayerNorm's statistics (inexact by design)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.ln, self.fc2 = nn.Linear(8, 32), nn.LayerNorm(32), nn.Linear(32, 4)
+
+    def forward(self, x):
+        return self.fc2(self.ln(self.fc1(x)))
+
+
+def test_proven_inexact_and_failed_are_distinct_states_and_only_proven_is_ok():
+    torch.manual_seed(0)
+    x = torch.randn(4, 8)
+    proven = verify(*_pruned(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).eval(), x), x)
+    inexact = verify(*_pruned(Normed().eval(), x), x)
+    original, broken, plan = _pruned(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).eval(), x)
+    with torch.no_grad():
+        broken[2].weight.mul_(2.0)  # a kept weight changed: the oracle must see it
+    failed = verify(original, broken, plan, x)
+    assert [r.state for r in (proven, inexact, failed)] == ["proven", "inexact", "failed"]
+    assert [r.ok for r in (proven, inexact, failed)] == [True, False, False]  # ok: proven equal, nothing less
+    assert [r.accepted for r in (proven, inexact, failed)] == [True, True, False]
+    assert "not exactly verifiable" in inexact.message and inexact.inexact_groups
+    assert inexact.headline().startswith("inexact by design") and failed.headline().startswith("FAILED")
+    assert proven.headline() == proven.message
+    with pytest.raises(ValueError, match="ok is True exactly when"):
+        dataclasses.replace(inexact, ok=True)  # never ok beside a contradicting state
+
+
+def test_prune_returns_an_inexact_cut_labelled_not_as_proven():
+    torch.manual_seed(0)
+    x = torch.randn(4, 8)
+    result = prunefx.prune(Normed().eval(), x, PlanConfig(ratio=0.5), criterion="l2")
+    assert result.verified.state == "inexact" and not result.verified.ok and result.verified.accepted
+    assert "check: inexact by design, not proven equal: not exactly verifiable" in result.summary()

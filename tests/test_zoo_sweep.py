@@ -27,6 +27,6 @@ def test_prunes_and_verifies_or_is_frozen_with_a_reason(mid: str) -> None:
     assert row["status"] in zoo_sweep.GOOD, f"{mid}: {row['status']}: {row.get('error')} [{row.get('where')}]"
     if row["status"] == "nothing prunable":
         assert row["frozen_reasons"] and all(reason for reason, _ in row["frozen_reasons"]), row
-    else:  # pruned, and the oracle passed: prune() returned verified.ok
+    else:  # pruned, and the oracle passed: prune() returned verified.accepted (proven, or inexact by design)
         assert row["pruned_groups"] > 0 and row["prunable_share"] > 0, row
         assert all(reason for _, reason in row["frozen_by_check"]), row

@@ -16,6 +16,7 @@ import torch.fx as fx
 from torch import nn
 from torch.utils._pytree import SUPPORTED_NODES, GetAttrKey, MappingKey, keystr, tree_flatten_with_path
 
+from prunefx._registry import put
 from prunefx.capture.values import VALUE_KEY
 from prunefx.errors import PrunefxError
 
@@ -26,9 +27,9 @@ class OutputError(PrunefxError):
     """The model's forward returns no tensor, so nothing fixes which of its channels may be removed."""
 
 
-def register_free_outputs(model_type: type, *keys: str) -> None:
+def register_free_outputs(model_type: type, *keys: str, replace: bool = False) -> None:
     """Declare dict keys of ``model_type``'s outputs whose channels may be pruned."""
-    _FREE_OUTPUTS[model_type] = tuple(keys)
+    put(_FREE_OUTPUTS, model_type, tuple(keys), what="register_free_outputs", replace=replace)
 
 
 def default_free_outputs(model: nn.Module) -> tuple[str, ...]:

@@ -32,6 +32,7 @@ import torch.fx.config
 from torch import nn
 from torch.utils._pytree import tree_leaves, tree_map
 
+from prunefx._registry import put
 from prunefx.capture.inputs import positional
 from prunefx.capture.record import CaptureInfo, set_capture_info
 from prunefx.capture.trace import capture_settings, quote_targets, targets_quoted, training_mode
@@ -42,10 +43,11 @@ from prunefx.errors import TraceFailure
 _EXPORT: dict[type, Callable[[nn.Module], dict[str, Any]]] = {}
 
 
-def register_export(cls: type, kwargs: Callable[[nn.Module], dict[str, Any]] | None = None) -> None:
+def register_export(cls: type, kwargs: Callable[[nn.Module], dict[str, Any]] | None = None, *,
+                    replace: bool = False) -> None:
     """Capture models of type ``cls`` (and subclasses) with ``torch.export`` when ``capture="auto"``, passing
     ``kwargs(model)`` as keyword arguments (e.g. ``lambda m: {"use_cache": False}`` for transformers)."""
-    _EXPORT[cls] = kwargs or (lambda model: {})
+    put(_EXPORT, cls, kwargs or (lambda model: {}), what="register_export", replace=replace)
 
 
 def prefers_export(model: nn.Module) -> bool:

@@ -33,6 +33,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from prunefx._registry import put
 from prunefx.metrics.common import MetricsError, as_args, check_model, input_shapes, meta_forward, rejected, untouched
 
 aten = torch.ops.aten
@@ -145,10 +146,10 @@ _ATTENTION_FORMULAS: dict[Any, Callable[..., int]] = {
 _REGISTERED: dict[Any, Callable[..., int]] = {}  # register_flops: a library's own ops
 
 
-def register_flops(op: Any, formula: Callable[..., int]) -> None:
+def register_flops(op: Any, formula: Callable[..., int], *, replace: bool = False) -> None:
     """Count ``op`` (an op overload packet) with ``formula(*arg shapes, out_shape=..., **kwargs) -> FLOPs``, as
     FlopCounterMode's ``custom_mapping`` takes it (a library's custom op that runs opaque to the counter)."""
-    _REGISTERED[op] = formula
+    put(_REGISTERED, op, formula, what="register_flops", replace=replace)
 
 
 @dataclass(frozen=True)

@@ -14,19 +14,21 @@ from collections.abc import Callable
 
 from torch import nn
 
+from prunefx._registry import put
 from prunefx.metrics.latency_table import LayerCase
 
 Builder = Callable[[nn.Module, int, int, tuple[int, ...]], "LayerCase | None"]
 _BUILDERS: dict[type[nn.Module], tuple[Builder, bool]] = {}
 
 
-def register_timed_layer(layer_type: type[nn.Module], builder: Builder, *, per_channel: bool = False) -> None:
+def register_timed_layer(layer_type: type[nn.Module], builder: Builder, *, per_channel: bool = False,
+                         replace: bool = False) -> None:
     """Teach latency tables to rebuild ``layer_type`` at other widths.
 
     ``builder(module, in_width, out_width, input_shape)`` returns the LayerCase or None when that width is
     impossible. ``per_channel``: input and output are the same channels (norms), so only ``in_width`` counts.
     """
-    _BUILDERS[layer_type] = (builder, per_channel)
+    put(_BUILDERS, layer_type, (builder, per_channel), what="register_timed_layer", replace=replace)
 
 
 def _lookup(module: nn.Module) -> tuple[Builder, bool] | None:

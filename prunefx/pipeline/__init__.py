@@ -1,10 +1,11 @@
 """End-to-end pipelines driven by a YAML config: ``prunefx prune configs/yolo.yaml key=value ...``.
 
 ``run_config`` reads the config, applies the overrides, validates everything, and runs the one stage loop
-(:mod:`prunefx.pipeline.runner`) with the backend the config's model calls for: ultralytics models (a model yaml
-or an ultralytics checkpoint) with :mod:`~prunefx.pipeline.backends.yolo`, classifiers (``torchvision:NAME``,
-``package.module:factory``) with :mod:`~prunefx.pipeline.backends.classify`; the family a model resolves to picks
-its pipeline (:mod:`prunefx.pipeline.registry`).
+(:mod:`prunefx.pipeline.runner`) with the backend the config's ``task`` and model call for
+(:mod:`prunefx.pipeline.registry`): ``task: custom`` (:mod:`~prunefx.pipeline.backends.custom`) and ``task: llm``
+(:mod:`~prunefx.pipeline.backends.llm`) whatever the model; otherwise ultralytics models (a model yaml or an
+ultralytics checkpoint) with :mod:`~prunefx.pipeline.backends.yolo`, classifiers (``torchvision:NAME``,
+``package.module:factory``) with :mod:`~prunefx.pipeline.backends.classify`.
 """
 
 from __future__ import annotations
@@ -24,12 +25,10 @@ def run_config(path: str | os.PathLike[str], overrides: Sequence[str] = (), *,
     None in the ranks other than 0 of a torchrun launch (rank 0 holds the run).
     """
     config = load_config(path, overrides)
-    from prunefx.pipeline.registry import pipeline_for
-    from prunefx.spec import config_family
+    from prunefx.pipeline.registry import pipeline_of
 
-    task = config.get("task") if isinstance(config.get("task"), str) else None
-    run = pipeline_for(config_family(config.get("model")).name, task)  # the model's family (and task) decide
-    return run(config, Path(path).stem, log)
+    # the task decides first (an unknown one is an error naming the known ones), then the model's family
+    return pipeline_of(config).load()(config, Path(path).stem, log)
 
 
 __all__ = ["ConfigError", "PruneSpec", "RunDir", "apply_overrides", "load_config", "run_config"]

@@ -58,7 +58,11 @@ class TrainDone:
     distill: Mapping[str, Any] | None = None  # the teacher and DistillConfig, when the stage distils
     ranks: tuple[RankTrained, ...] | None = None  # training from a pruned model: what each rank trained
     history: tuple[Row, ...]
-    metrics: Row
+    metrics: Row  # the final model's: the fine-tuned one, or the cut when fine-tuning made it worse
+    # "finetuned", or "pruned": fine-tuning made the primary metric worse than the cut's, so the cut was kept as the
+    # final weights (finetuned_metrics: what the fine-tuned model scored)
+    kept: str = "finetuned"
+    finetuned_metrics: Row | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -165,7 +169,8 @@ class ReportDone:
 Record = Skipped | BaselineDone | TrainDone | SparsityDone | PruneDone | ControlsDone | ReportDone
 RECORDS: dict[str, type[Record]] = {"baseline": BaselineDone, "sparsity": SparsityDone, "prune": PruneDone,
                                     "finetune": TrainDone, "controls": ControlsDone, "report": ReportDone}
-_RUNDIR_KEYS = ("seconds", "finished")  # what RunDir.stage adds to every stage's entry
+# what RunDir.stage adds to every stage's entry, and the runner's digests of its files and results (digests.py)
+_RUNDIR_KEYS = ("seconds", "finished", "files", "record")
 
 
 def to_state(record: Record) -> dict[str, Any]:

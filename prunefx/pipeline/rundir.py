@@ -36,12 +36,13 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from prunefx._config import load_yaml
-from prunefx._io import atomic_write, read_json, storage_error
+from prunefx._io import atomic_write, confined, open_in, parse_json, read_json, storage_error
+from prunefx.errors import UnsafePathError
 from prunefx.pipeline.run_config import RUN_KEYS, ConfigError, dump_config
 
 STATE = "state.json"
@@ -79,11 +80,13 @@ class RunDir:
 
     @classmethod
     def open(cls, project: Path, name: str, config: Mapping[str, Any], *, resume: bool = False,
-             exist_ok: bool = False) -> RunDir:
-        """Create ``project/name`` (``name2``, ``name3``... when taken), replace it (``exist_ok``) or resume it."""
+             exist_ok: bool = False, read_record: Callable[[str, dict[str, Any]], Any] | None = None) -> RunDir:
+        """Create ``project/name`` (``name2``, ``name3``... when taken), replace it (``exist_ok``) or resume it;
+        a resume refuses the run unless ``read_record(stage, entry)`` reads every finished stage's entry (it raises
+        a RunError naming what is wrong: :func:`prunefx.pipeline.records.read`)."""
         root = run_root(project, name)
         if resume:
-            return cls._resume(root, config)
+            return cls._resume(root, config, read_record)
         if exist_ok and root.is_dir() and _entries(root):
             check_replaceable(root)  # before the lock file is added to a directory that may not be a run
             with RunLock.acquire(root).held_until_error():
@@ -96,21 +99,23 @@ class RunDir:
         state = {"schema": SCHEMA, "status": "running", "created": _now(), "stages": {}, "error": None}
         run = cls(root, state)
         with _OPEN.opening(run):
-            atomic_write(root / CONFIG, dump_config(config).encode())
+            atomic_write(root / CONFIG, dump_config(config).encode(), root=root)
             run._save()
         return run
 
     @classmethod
-    def _resume(cls, root: Path, config: Mapping[str, Any]) -> RunDir:
+    def _resume(cls, root: Path, config: Mapping[str, Any], read_record: Callable[..., Any] | None) -> RunDir:
         if not (root / STATE).is_file():
             raise RunError(f"cannot resume {root}: it holds no {STATE} (no prunefx run was started there); "
                            "drop resume=true to start a new run, or give the run's name= and project=")
         with RunLock.acquire(root).held_until_error():
-            return cls._resume_locked(root, config)
+            return cls._resume_locked(root, config, read_record)
 
     @classmethod
-    def _resume_locked(cls, root: Path, config: Mapping[str, Any]) -> RunDir:
+    def _resume_locked(cls, root: Path, config: Mapping[str, Any], read_record: Callable[..., Any] | None) -> RunDir:
         state = read_state(root)
+        for stage, entry in state["stages"].items() if read_record is not None else ():
+            read_record(stage, entry)  # before the run is marked running: a refusal leaves state.json as it was
         import yaml
 
         try:
@@ -158,7 +163,8 @@ class RunDir:
             check_confined(self.root)  # before the stage writes: a link planted since the last check is refused
             self.state["current"] = name
             self._save()
-            yield info
+            with confined(self.root):  # every write the stage makes under the run goes through no link
+                yield info
             info["seconds"] = round(time.perf_counter() - start, 2)
             info["finished"] = _now()
             self.state["stages"][name] = info
@@ -213,7 +219,7 @@ class RunDir:
         return self.state.get("status") == "complete"
 
     def _save(self) -> None:
-        atomic_write(self.root / STATE, json.dumps(self.state, indent=2, default=str).encode())
+        atomic_write(self.root / STATE, json.dumps(self.state, indent=2, default=str).encode(), root=self.root)
 
 
 # ---- where runs may go ------------------------------------------------------------------------------------------
@@ -257,8 +263,8 @@ def run_root(project: str | os.PathLike[str], name: str) -> Path:
 def is_run(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` is a directory whose ``state.json`` says it is a prunefx run."""
     try:
-        state = json.loads((Path(path) / STATE).read_text())
-    except (OSError, ValueError):
+        state = read_json(Path(path) / STATE, RunError, missing="", what="", fix="")
+    except (OSError, RunError):
         return False
     return isinstance(state, dict) and state.get("schema") == SCHEMA
 
@@ -300,14 +306,38 @@ def check_confined(root: str | os.PathLike[str]) -> None:
 
 
 def read_state(root: str | os.PathLike[str]) -> dict[str, Any]:
-    """The run's ``state.json`` as a dict, or a :class:`RunError` saying what is wrong with it."""
+    """The run's ``state.json`` as a dict, or a :class:`RunError` saying what is wrong with it.
+
+    Its fields are type-checked and every stage's entry must be an object; a resume also builds each stage's record
+    back (``read_record``), so a damaged or edited entry is refused before any stage runs on it.
+    """
     path = Path(root) / STATE
     state = read_json(path, RunError, missing=f"{root} holds no {STATE}: it is not a prunefx run directory",
                       what="is corrupt", fix="the run cannot be resumed or trusted: start a new run")
     if not isinstance(state, dict) or state.get("schema") != SCHEMA or not isinstance(state.get("stages"), dict):
         raise RunError(f"{path} is not a prunefx run state (expected a mapping with schema {SCHEMA} and "
                        "stages); start a new run")
+    wrong = _wrong_field(state)
+    if wrong:
+        raise RunError(f"{path} is damaged: {wrong}; the run cannot be resumed or trusted: start a new run")
     return state
+
+
+_STATUSES = ("running", "interrupted", "failed", "complete")
+
+
+def _wrong_field(state: dict[str, Any]) -> str | None:
+    """What in ``state`` (a mapping with stages) has the wrong type, or None."""
+    if state.get("status") not in _STATUSES:
+        return f"status is {str(state.get('status'))[:40]!r}, not one of {', '.join(_STATUSES)}"
+    if not isinstance(state.get("error"), (dict, type(None))):
+        return f"error is {type(state['error']).__name__}, not an object or null"
+    if not isinstance(state.get("current"), (str, type(None))):
+        return f"current is {type(state['current']).__name__}, not a stage name"
+    for name, entry in state["stages"].items():
+        if not isinstance(entry, dict):
+            return f"stages.{name[:40]} is {type(entry).__name__}, not an object (a stage's record)"
+    return None
 
 
 def check_finished(root: str | os.PathLike[str]) -> None:
@@ -525,7 +555,14 @@ class RunLock:
             import fcntl
         except ImportError:  # not POSIX: no advisory locks; runs on one name are the user's to keep apart
             fcntl = None  # type: ignore[assignment]
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            # Never through a link, a directory or a hard link: the pid record below would be written into it.
+            fd = open_in(root, path, os.O_RDWR | os.O_CREAT, 0o644)
+        except UnsafePathError as exc:
+            raise RunError(f"cannot lock {root}: {exc}") from None
+        except OSError as exc:
+            error = storage_error(exc, path, writing=True)
+            raise (error or RunError(f"cannot lock {path}: {exc.strerror or exc}")) from exc
         try:
             if fcntl is not None:
                 try:
@@ -574,9 +611,9 @@ class RunLock:
 
 def _read_owner(fd: int) -> str:
     try:
-        info = json.loads(os.pread(fd, 4096, 0) or b"{}")
-        return f"pid {info['pid']} on {info['host']}, since {info['since']}"
-    except (OSError, ValueError, KeyError, TypeError):
+        info = parse_json(os.pread(fd, 4096, 0) or b"{}", dict)
+        return f"pid {int(info['pid'])} on {str(info['host'])[:100]}, since {str(info['since'])[:40]}"
+    except (OSError, KeyError, TypeError, ValueError):  # ValueError: JSONRefused too
         return "owner unknown"
 
 

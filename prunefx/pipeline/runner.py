@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 import warnings
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -34,6 +35,7 @@ from prunefx._io import atomic_write
 from prunefx.analysis import DependencyGraph
 from prunefx.errors import PrunefxError, ScoreScaleWarning, TiedScoresWarning
 from prunefx.metrics import Deployment
+from prunefx.pipeline import digests
 from prunefx.pipeline.diagnose import score_warnings, sparsity_warnings
 from prunefx.pipeline.progress import JobProgress
 from prunefx.pipeline.records import (
@@ -56,7 +58,7 @@ from prunefx.pipeline.records import (
     warnings_of,
 )
 from prunefx.pipeline.run_config import PruneSpec, RunOptions, StageSpec
-from prunefx.pipeline.rundir import RunDir
+from prunefx.pipeline.rundir import RunDir, RunError, read_state, run_root
 from prunefx.plan import PlanConfig, PruningPlan
 from prunefx.plan.config import TARGETS
 from prunefx.train.distributed import DistContext
@@ -259,9 +261,23 @@ def nothing_to_prune(dg: DependencyGraph, plan: PruningPlan, model: str) -> str 
 
 
 def open_run(job: Job) -> RunDir:
-    """Create, replace or resume the job's run directory (see :class:`RunDir`)."""
+    """Create, replace or resume the job's run directory (see :class:`RunDir`); a resumed run's finished stages
+    must have left their files and records as they wrote them (:mod:`prunefx.pipeline.digests`)."""
     opts = job.run
-    return RunDir.open(Path(opts.project), str(opts.name), job.config, resume=opts.resume, exist_ok=opts.exist_ok)
+    if opts.resume:
+        check_unchanged(run_root(Path(opts.project), str(opts.name)))
+    return RunDir.open(Path(opts.project), str(opts.name), job.config, resume=opts.resume, exist_ok=opts.exist_ok,
+                       read_record=lambda stage, entry: read(stage, entry) if stage in job.stages else None)
+
+
+def check_unchanged(root: Path) -> None:
+    """Refuse, before anything is written, to resume ``root`` when a finished stage's plan, weights or record no
+    longer match what the stage recorded (one RunError naming the file)."""
+    try:
+        state = read_state(root)
+    except RunError:
+        return  # no run, or a damaged state.json: RunDir.open says which, in its own words
+    digests.verify(root, state)
 
 
 def run_job(job: Job, backend: Backend, *, log: Callable[[str], None] = print) -> RunDir:
@@ -306,8 +322,10 @@ def execute(job: Job, backend: Backend, run: RunDir | None, *, log: Callable[[st
                 assert progress is not None
                 progress.stage_started(name)
                 with run.stage(name) as info, listening_to_epochs(progress.epoch_ended):
+                    before = digests.snapshot(root)
                     record = stages[name](ctx)
                     info.update(to_state(record))
+                    info.update(digests.stamp(root, before, info))  # what a resume proves unchanged
                 for warning in warnings_of(record):
                     log(f"  warning: {warning}")
                 log(f"[{i}/{n}] {name} finished in {info['seconds']:.0f} s")
@@ -438,9 +456,9 @@ def _prune(ctx: _Ctx) -> PruneDone:
         target = ", ".join(f"{k} {v:g}" for k, v in spec.target.items())
         raise ConfigError(f"the target ({target}) is already met: the plan removes no channel from {b.name}; "
                           "lower it (e.g. prune.target.flops=0.5, --flops 0.5)")
-    if result.verified is not None and not result.verified.ok:
+    if result.verified is not None and not result.verified.accepted:  # proven, or inexact by design (labelled)
         raise PrunefxError(f"the pruned model differs from the masked original: {result.verified.message}")
-    verify = result.verified.message if result.verified is not None else "skipped (prune.verify=false)"
+    verify = result.verified.headline() if result.verified is not None else "skipped (prune.verify=false)"
     latency = None
     if result.latency is not None:  # a latency target: the rounds of planning against measured latency
         latency = LatencyTarget(met=result.latency.met, note=result.latency.note,
@@ -534,11 +552,28 @@ def _width_config(ctx: _Ctx, before: Any, after: Any) -> tuple[PlanConfig, dict[
 def saved_plans(root: Path) -> Any:
     """The plan(s) the prune stage wrote in ``root``: its PruningPlan, or [DepthPlan, PruningPlan] after a depth
     cut (as :func:`prunefx.save` takes them)."""
+    from prunefx.checkpoint import read_plan
     from prunefx.plan.depth import DepthPlan
 
-    width = PruningPlan.from_json((root / "plan.json").read_text())
+    fix = "the run's files were changed since its prune stage: start a new run"
+    width = read_plan(root / "plan.json", fix=fix, kind=PruningPlan, error=RunError)
     depth = root / DEPTH_PLAN
-    return width if not depth.is_file() else [DepthPlan.from_dict(json.loads(depth.read_text())), width]
+    return width if not depth.is_file() else [read_plan(depth, fix=fix, kind=DepthPlan, error=RunError), width]
+
+
+KEPT_CUT = "fine-tune made it worse: kept the cut model"
+# metric names (split at non-alphanumerics) that fall as the model improves; any other name rises
+LOWER_IS_BETTER = frozenset({"loss", "mse", "mae", "rmse", "nll", "error", "err", "ppl", "perplexity", "wer", "cer",
+                             "bpb", "bpc"})
+
+
+def higher_is_better(backend: Backend) -> bool:
+    """Which way the backend's primary metric improves: its ``metric_goal`` ("max" / "min") when it has one, else
+    lower for a name with a word of :data:`LOWER_IS_BETTER` (``val_loss``, ``ppl``, ``mse``), higher otherwise."""
+    goal = getattr(backend, "metric_goal", None)
+    if goal in ("max", "min"):
+        return goal == "max"
+    return not set(re.split(r"[^a-z0-9]+", backend.primary_metric.lower())) & LOWER_IS_BETTER
 
 
 def _finetune(ctx: _Ctx) -> TrainDone | Skipped:
@@ -546,8 +581,18 @@ def _finetune(ctx: _Ctx) -> TrainDone | Skipped:
     if ft.epochs == 0:
         return Skipped(skipped="prune.finetune.epochs is 0")
     trained = b.train("finetuned", "pruned", ft, None)
-    return TrainDone(history=tuple(trained.history), distill=trained.distill, ranks=trained.ranks,
-                     metrics=b.evaluate("finetuned", trained.model))
+    metrics = b.evaluate("finetuned", trained.model)
+    cut, key = ctx.metrics("prune"), b.primary_metric  # the prune stage's record: rank 0 only, which decides
+    before, after = cut.get(key), metrics.get(key)
+    if isinstance(before, (int, float)) and isinstance(after, (int, float)) and (
+            after < before if higher_is_better(b) else after > before):
+        # the user's metric is the judge: a fine-tune that lowered it is not the run's result
+        b.save(b.load("pruned"), "finetuned", saved_plans(ctx.root))
+        ctx.log(f"  {KEPT_CUT} ({key} {before:.4g} after the cut, {after:.4g} fine-tuned; "
+                f"{'higher' if higher_is_better(b) else 'lower'} is better)")
+        return TrainDone(history=tuple(trained.history), distill=trained.distill, ranks=trained.ranks,
+                         metrics=cut, kept="pruned", finetuned_metrics=metrics)
+    return TrainDone(history=tuple(trained.history), distill=trained.distill, ranks=trained.ranks, metrics=metrics)
 
 
 def control_runs(spec: PruneSpec, baseline_epochs: int) -> list[tuple[ModelRole, Start, int]]:
@@ -622,7 +667,8 @@ def _controls(ctx: _Ctx) -> ControlsDone | Skipped:
     goal, narrow, off = None, None, ()
     if b.dist.is_main:  # the controls' untrained starts, saved for every rank (and for the record)
         pruned = b.load("pruned")
-        plan = PruningPlan.from_json((ctx.root / "plan.json").read_text())
+        plan = saved_plans(ctx.root)
+        plan = plan[-1] if isinstance(plan, list) else plan  # the width plan, after a depth cut too
         goal = measure(pruned, x).macs
         if "narrow" in spec.controls:
             model, narrow_plan, macs = narrow_model(b.fresh(), x, goal, spec.plan)
@@ -715,6 +761,15 @@ def _report(ctx: _Ctx) -> ReportDone:
         **b.settings(),
     }
     warnings = [w for s in ("sparsity", "prune", "controls") for w in warnings_of(ctx.done(s))]
+    ft = ctx.done("finetune")
+    if isinstance(ft, TrainDone) and ft.kept == "pruned":  # both models' metrics, and which one the run kept
+        key = b.primary_metric
+        settings["finetune"] = {"kept": "pruned", "note": KEPT_CUT, "metric": key,
+                                "higher_is_better": higher_is_better(b), "metrics_cut": dict(ft.metrics),
+                                "metrics_finetuned": dict(ft.finetuned_metrics or {})}
+        warnings.append(f"{KEPT_CUT}: {key} {ft.metrics[key]:.4g} after the cut, "
+                        f"{(ft.finetuned_metrics or {})[key]:.4g} after fine-tuning "
+                        f"({'higher' if higher_is_better(b) else 'lower'} is better); the final weights are the cut's")
     report = build_report(model=b.name, baseline=stages["baseline"], pruned=stages["pruned"],
                           finetuned=stages.get("finetuned"), settings=settings, warnings=warnings,
                           widths=[(w.name, w.before, w.after) for w in pr.widths],
@@ -724,6 +779,7 @@ def _report(ctx: _Ctx) -> ReportDone:
                       files=tuple(sorted(p.name for p in ctx.root.iterdir() if p.is_file())))
 
 
-__all__ = ["DEPTH_PLAN", "NARROW_TOLERANCE", "ONE_SHOT", "STAGES", "WIDTH_AND_DEPTH", "WIDTH_ONLY", "Backend", "Cuts",
-           "Job", "Trained", "check_target", "control_runs", "execute", "narrow_model", "nothing_to_prune", "open_run",
-           "imported_on_call", "preflight", "resume_hint", "run_job", "saved_plans", "stage_epochs"]
+__all__ = ["Backend", "Cuts", "DEPTH_PLAN", "Job", "KEPT_CUT", "LOWER_IS_BETTER", "NARROW_TOLERANCE", "ONE_SHOT",
+           "STAGES", "Trained", "WIDTH_AND_DEPTH", "WIDTH_ONLY", "check_target", "check_unchanged", "control_runs",
+           "execute", "higher_is_better", "imported_on_call", "narrow_model", "nothing_to_prune", "open_run",
+           "preflight", "resume_hint", "run_job", "saved_plans", "stage_epochs"]

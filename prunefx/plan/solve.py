@@ -16,6 +16,7 @@ import numpy as np
 
 from prunefx.analysis.graph import DependencyGraph
 from prunefx.analysis.roles import Kind
+from prunefx.errors import TargetMissedWarning
 from prunefx.importance import Scores
 from prunefx.plan.config import PlanConfig, PlanError
 from prunefx.plan.cost import CostModel
@@ -271,6 +272,9 @@ def make_plan(
         if abs(measure_fn(trial) - goal) < abs(measure_fn(masks) - goal):
             masks, knob, filled = trial, upper, cut
 
+    if kind in ("flops", "params", "ratio") and cfg.scope != "sensitivity":
+        _warn_if_missed(dg, kind, goal, measure_fn(masks), cfg)
+
     groups = []
     ranked_sorted = (np.sort(np.concatenate([np.asarray(ranked[g], dtype=np.float64) for g in eligible]))
                      if eligible else None)
@@ -324,6 +328,33 @@ def make_plan(
         target=target, groups=tuple(groups), skipped=tuple(skipped), estimate=estimate, frozen=dg.frozen_by_check,
         input_kinds=dg.input_kinds,
     )
+
+
+MISSED = 0.05  # a plan further than this fraction from its target warns
+
+
+def _warn_if_missed(dg: DependencyGraph, kind: str, goal: float, reached: float, cfg: PlanConfig) -> None:
+    """Warn when the plan stops short of its target (kept MACs / params above it, or fewer channels removed)."""
+    # a few percent is the coarse steps of tied or rounded groups (the fill closes most of it): not worth a warning
+    short = reached < goal * (1 - MISSED) if kind == "ratio" else reached > goal * (1 + MISSED)
+    if not short:
+        return
+    frozen: dict[str, int] = {}
+    for g in dg.groups:
+        if not g.prunable:
+            key = (g.reasons[0] if g.reasons else "frozen").split(" (node")[0]
+            frozen[key] = frozen.get(key, 0) + g.channels
+    total = sum(g.channels for g in dg.groups)
+    share = sum(frozen.values()) / max(total, 1)
+    top = "; ".join(f"{why}: {n} channels" for why, n in sorted(frozen.items(), key=lambda kv: -kv[1])[:3])
+    what = "removes" if kind == "ratio" else "keeps"
+    noun = {"ratio": "of the channels", "flops": "of the MACs", "params": "of the parameters"}[kind]
+    warnings.warn(
+        f"the plan {what} {reached:.3f} {noun}, not the {goal:.3f} asked: the prunable groups are cut as far as "
+        f"min_channels={cfg.min_channels}, max_ratio={cfg.max_ratio} and the ties allow, and {share:.0%} of the "
+        f"channels are frozen{' (' + top + ')' if top else ''}; relax those limits, or unfreeze channels (the "
+        "reasons above; `prunefx analyze` lists every group)",
+        TargetMissedWarning, stacklevel=3)
 
 
 def _by_sensitivity(dg, raw, eligible, cfg, ties, curves, measure_fn, cost, latency):

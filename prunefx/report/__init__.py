@@ -4,12 +4,12 @@
 >>> write_report("runs/r50", report); render_table(load_report("runs/r50"))
 """
 
-from prunefx.report.graph import GraphError, validate_graph
 from prunefx.report.render import refit_line, render_markdown, render_table
 from prunefx.report.report import SCHEMA, ReportError, Stage, SweepPoint, build_report, load_report, validate_report
 from prunefx.report.report_html import load_graph, report_html, write_graph
 from prunefx.report.write import write_report, write_report_html
 from prunefx.view.page import groups_html
+from prunefx.view.schema import GraphError, validate_graph
 
 __all__ = [
     "SCHEMA",

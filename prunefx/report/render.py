@@ -67,6 +67,14 @@ def _row(stage: Mapping[str, Any], metrics: Sequence[str]) -> list[str]:
     return cells
 
 
+def _stage_label(report: Mapping[str, Any], name: str) -> str:
+    """A stage's row name; the fine-tuned row says so when the pipeline kept the cut model instead."""
+    finetune = report.get("settings", {}).get("finetune")
+    if name == "finetuned" and isinstance(finetune, Mapping) and finetune.get("kept") == "pruned":
+        return f"finetuned ({finetune.get('note', 'fine-tune made it worse: kept the cut model')})"
+    return name
+
+
 def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     return [
         "| " + " | ".join(header) + " |",
@@ -116,7 +124,8 @@ def render_markdown(report: Mapping[str, Any], plots: Sequence[str] = ()) -> str
     warnings = report_warnings(report)
     if warnings:
         lines += ["## Warnings", "", *(f"- **warning**: {w}" for w in warnings), ""]
-    lines += _md_table(["stage", *_COST_COLUMNS, *metrics], [[name, *_row(s, metrics)] for name, s in stages.items()])
+    lines += _md_table(["stage", *_COST_COLUMNS, *metrics],
+                       [[_stage_label(report, name), *_row(s, metrics)] for name, s in stages.items()])
     lines += ["", "Costs show the relative change vs baseline in parentheses, metrics the absolute change.", ""]
     lines += _timing_line(report.get("timing"))
     settings = report["settings"] if isinstance(report["settings"], Mapping) else {}
@@ -124,6 +133,8 @@ def render_markdown(report: Mapping[str, Any], plots: Sequence[str] = ()) -> str
     lines += [experts_line(experts), ""] if isinstance(experts, Mapping) else []
     lines += [depth_line(depth), ""] if isinstance(depth, Mapping) else []
     lines += [refit_line(refit), ""] if isinstance(refit, Mapping) else []
+    verify = settings.get("verify")  # VerifyResult.headline(): an inexact-by-design cut says so first
+    lines += [f"Check against the masked original: {verify}", ""] if isinstance(verify, str) else []
     lines += _changes_section(stages) + _widths_section(report["widths"]) + _sweep_section(report["sweep"])
     lines += [f"![{name.removesuffix('.png')}]({name})" for name in plots] + ([""] if plots else [])
     lines += ["## Conventions", "", *(f"- **{k}**: {v}" for k, v in report["conventions"].items())]
@@ -218,7 +229,7 @@ def render_table(report: Mapping[str, Any]) -> Table:
     table = Table(title=f"prunefx: {report['model']}", caption=caption)
     table.add_column("quantity", style="bold")
     for name in stages:
-        table.add_column(name, justify="right")
+        table.add_column(_stage_label(report, name), justify="right")
     cells = {name: _row(stage, metrics) for name, stage in stages.items()}
     for i, quantity in enumerate((*_COST_COLUMNS, *metrics)):
         table.add_row(quantity, *(cells[name][i] for name in stages))

@@ -344,8 +344,12 @@ def validate_report(report: Any) -> Report:
 
 def load_report(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """Read and validate ``run_dir/report.json`` (as written by ``prunefx.report.write.write_report``)."""
-    report = read_json(Path(run_dir) / JSON_NAME, ReportError, what="is not valid JSON",
+    path = Path(run_dir) / JSON_NAME
+    report = read_json(path, ReportError, what="is not valid JSON",
                        missing=f"no {JSON_NAME} in {run_dir}; pass the run directory a pruning run wrote.",
-                       fix="re-run the pruning to regenerate it.")
-    validate_report(report)
+                       fix="re-run the pruning to regenerate it.", expect=dict)
+    try:
+        validate_report(report)
+    except ReportError as exc:  # the file named: a report.json in a shared run directory may be anyone's
+        raise ReportError(f"{path}: {exc}") from None
     return report

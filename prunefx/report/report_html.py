@@ -17,12 +17,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from prunefx._io import atomic_write
+from prunefx._io import atomic_write, read_json
 from prunefx.errors import PrunefxError
-from prunefx.report.graph import GraphError, validate_graph
 from prunefx.report.render import _COST_COLUMNS, _metric_names, _row, controls_table, report_warnings
 from prunefx.report.verdict import verdict
-from prunefx.view.page import GRAPH_SCHEMA, asset, csp, graph_page
+from prunefx.view.page import asset, csp, graph_page
+from prunefx.view.schema import GRAPH_SCHEMA, GraphError, validate_graph
 
 GRAPH_NAME = "graph.json"  # in a run directory, next to plan.json
 _BOLD = re.compile(r"[*][*](.+?)[*][*]")  # markdown emphasis in verdict()
@@ -35,22 +35,20 @@ def write_graph(run_dir: str | os.PathLike[str], graph: Mapping[str, Any]) -> Pa
     if graph.get("schema") != GRAPH_SCHEMA:
         raise PrunefxError(f"not a prunefx graph (schema {graph.get('schema')!r}); pass graph_data(dg, plan)")
     text = json.dumps(graph, separators=(",", ":"), allow_nan=False)
-    return atomic_write(Path(run_dir) / GRAPH_NAME, text.encode())
+    return atomic_write(Path(run_dir) / GRAPH_NAME, text.encode(), root=run_dir)
 
 
 def load_graph(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """``run_dir/graph.json`` (None when the run has none), validated field by field (``prunefx.report.graph``).
+    """``run_dir/graph.json`` (None when the run has none), validated field by field (``prunefx.view.schema``).
 
     A file of another schema, or one any field of which has the wrong type or points outside the graph, is an error:
     the directory may be shared, and the file's values are drawn into report.html.
     """
     path = Path(run_dir) / GRAPH_NAME
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         return None
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise PrunefxError(f"{path} is not valid JSON ({exc}); re-run the pruning to regenerate it") from exc
+    data = read_json(path, PrunefxError, missing=f"{path} is a broken link; remove it or re-run the pruning",
+                     what="is not valid JSON", fix="re-run the pruning to regenerate it")
     if not isinstance(data, dict) or data.get("schema") != GRAPH_SCHEMA:
         got = data.get("schema") if isinstance(data, dict) else type(data).__name__
         raise PrunefxError(f"{path} is not a prunefx graph (schema {got!r}, expected {GRAPH_SCHEMA!r}); "

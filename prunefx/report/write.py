@@ -56,11 +56,12 @@ def write_report(run_dir: str | os.PathLike[str], report: dict[str, Any]) -> lis
     files["report.md"] = (markdown if drawn else f"{markdown.rstrip()}\n\n{MISSING}\n").encode()
     files["report.html"] = report_html(report, load_graph(out)).encode()  # the graph from graph.json, when there
     for name, data in files.items():
-        atomic_write(out / name, data)
+        atomic_write(out / name, data, root=out)  # a link planted in the run is refused, not written through
     return [out / name for name in files]
 
 
 def write_report_html(run_dir: str | os.PathLike[str], report: Mapping[str, Any]) -> Path:
     """(Re)write ``run_dir/report.html`` from ``report`` and the run's graph.json; returns its path."""
     validate_report(report)
-    return atomic_write(Path(run_dir) / "report.html", report_html(report, load_graph(run_dir)).encode())
+    page = report_html(report, load_graph(run_dir)).encode()
+    return atomic_write(Path(run_dir) / "report.html", page, root=run_dir)

@@ -18,8 +18,9 @@ from prunefx.train.sparsity import (
     residual_bns,
     sparsity_stats,
 )
+from prunefx.train.user_code import UserCodeError
 
 __all__ = ["BNSparsity", "DistContext", "DistillConfig", "DistributedError", "FitResult", "Metrics", "Recalibration",
            "RecoverConfig", "RecoverError", "RecoverResult", "Schedule", "SparsityConfig", "TargetSparsity",
-           "TrainConfig", "TrainError", "evaluate", "fit", "fraction_below", "init_from_env", "recalibrate_bn",
-           "recover", "residual_bns", "sparsity_stats", "spawn"]
+           "TrainConfig", "TrainError", "UserCodeError", "evaluate", "fit", "fraction_below", "init_from_env",
+           "recalibrate_bn", "recover", "residual_bns", "sparsity_stats", "spawn"]

@@ -17,6 +17,21 @@ gets a distillation loss that fits it, named in ``RecoverResult.losses``:
   multi-label), zero when they agree.
 * ``skip``: not distilled.
 
+Outputs that are probabilities (a sigmoid or softmax head) get the same divergences computed on their logs
+(``config.outputs``, named per leaf in ``RecoverResult.outputs``): ``"auto"`` checks the teacher's outputs on the
+first batch, and a leaf whose values all lie in [0, 1] is a ``distribution`` when its rows sum to 1 along the last
+dim (within 1e-3, last dim > 1; its loss: ``kl`` on log p) and ``probabilities`` otherwise (its loss: ``bce`` on
+logit p); probabilities are clamped to [1e-6, 1 - 1e-6] first. ``"logits"`` takes every leaf as raw values (kl on
+``logits``, mse elsewhere); ``"probabilities"`` declares them and refuses a leaf outside [0, 1]. An explicit
+``kl`` / ``bce`` on a probability leaf is computed on its logs too; ``mse`` stays on the values.
+
+With ``eval_data`` or ``metric``, the best evaluation's state is kept (``config.keep_best``): the student's
+state_dict is copied (to the CPU) at each evaluation that beats the best so far, and put back at the end when the
+end is worse. "Better" is the metric's (its first value for a dict; higher unless ``metric_goal="min"``) when a
+metric is given, else eval_data's distillation loss (lower). ``RecoverResult.kept`` says which state was returned
+and ``worse_than_start`` whether the end was worse than the start; both are logged. The best state is part of a
+checkpoint, so a resumed run returns what the uninterrupted one would.
+
 ``config.loss`` sets one kind for every leaf, or a mapping from leaf name (as ``losses`` lists them) to kind.
 ``task_loss(student_output, batch)`` (the user's, on their targets; ``batch`` as ``data`` yields it, before
 ``inputs=``) is mixed in as ``(1 - w) * KD + w * task``; ``config.features`` adds a scaled MSE between the two
@@ -27,19 +42,19 @@ accelerator's device (move its batches there). Both models end on the device the
 mode and with the ``requires_grad`` flags it was given.
 
 The engine is Hugging Face ``accelerate``: one loop for the CPU, one GPU, DDP (``accelerate launch``), FSDP or
-DeepSpeed through accelerate's own config, checkpoints through ``Accelerator.save_state`` (safetensors weights;
-its loads are weights-only). It is already what the Hugging Face stack trains with, it wraps a plain PyTorch loop
-instead of owning it (Lightning Fabric would as well, but adds a framework that nothing else here needs).
+DeepSpeed through accelerate's own config (checkpoints: one process or DDP). It is already what the Hugging Face
+stack trains with, it wraps a plain PyTorch loop instead of owning it (Lightning Fabric would as well, but adds a
+framework that nothing else here needs).
 ``checkpoint_dir`` + ``resume=True`` continue a run where it stopped, identically when the data order is
 deterministic (a list of batches, or a DataLoader with its own seeded generator); resuming a finished run (its
-checkpoint at ``steps``) loads it and trains nothing.
+checkpoint at ``steps``) loads it and trains nothing. A checkpoint is JSON and tensors read weights-only
+(:mod:`prunefx.train.recover_checkpoint`): nothing a resume reads runs as code. ``metric``, ``task_loss`` and the
+iteration of ``data`` are user code: their failures (an exception, ``sys.exit``) are one :class:`UserCodeError`.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -53,19 +68,25 @@ from torch.utils._pytree import GetAttrKey, MappingKey, SequenceKey, tree_flatte
 
 from prunefx._config import ConfigError, check_fields
 from prunefx._extras import require
-from prunefx._io import atomic_write
 from prunefx.capture.inputs import Inputs
-from prunefx.errors import PrunefxError
+from prunefx.train.recover_checkpoint import (
+    STATE_FILE,
+    RecoverError,
+    check_engine,
+    config_record,
+    earlier,
+    load_best,
+    load_state,
+    resume_point,
+    save_state,
+)
 from prunefx.train.schedule import SCHEDULES, lr_multiplier
+from prunefx.train.user_code import UserCodeError, fenced
 
 KINDS = ("kl", "mse", "bce", "skip")
-STATE_FILE = "recover.json"  # what a checkpoint directory of this module holds besides accelerate's state
-# Settings a resumed run may change: how long it runs and how often it reports; anything else would not continue it.
-_RESUMABLE_CHANGES = {"steps", "log_every", "eval_every", "checkpoint_every"}
-
-
-class RecoverError(PrunefxError):
-    """Recovery cannot run or continue; the message names the problem and the fix."""
+OUTPUTS = ("auto", "logits", "probabilities")
+_EPS = 1e-6  # probabilities clamped to [eps, 1 - eps] before their logs: float32 keeps 1 - 1e-6 apart from 1
+_SUMS_TO_ONE = 1e-3  # how far a row's sum may be from 1 for the row to be a distribution
 
 
 @dataclass(frozen=True)
@@ -91,6 +112,9 @@ class RecoverConfig:
     eval_every: int = 0  # evaluate (eval_data's distillation loss, metric) every this many steps; 0: start and end
     checkpoint_every: int = 0  # save a resumable checkpoint every this many steps (and at the last); 0: at the end
     seed: int = 0
+    outputs: str = "auto"  # "auto" (probabilities recognised on the first batch), "logits" or "probabilities"
+    keep_best: bool = True  # with an eval: the best evaluation's state is returned when the end is worse
+    metric_goal: str = "max"  # "max" (accuracy) or "min" (error, perplexity): which way the metric improves
 
     def __post_init__(self) -> None:
         loss = self.loss
@@ -106,6 +130,10 @@ class RecoverConfig:
             bad.append(f"task_weight={self.task_weight} (a share in [0, 1])")
         if self.schedule not in SCHEDULES:
             bad.append(f"schedule={self.schedule!r} ({', '.join(SCHEDULES)})")
+        if self.outputs not in OUTPUTS:
+            bad.append(f"outputs={self.outputs!r} ({', '.join(OUTPUTS)})")
+        if self.metric_goal not in ("max", "min"):
+            bad.append(f"metric_goal={self.metric_goal!r} (max or min)")
         if self.optimizer not in ("adamw", "sgd"):
             bad.append(f"optimizer={self.optimizer!r} (adamw or sgd)")
         if not 0 <= self.momentum < 1 or not 0 < self.gamma <= 1 or not all(0 < m < 1 for m in self.milestones):
@@ -132,10 +160,16 @@ class RecoverResult:
     seconds: float
     resumed_from: int = 0  # the checkpoint's step, 0 for a fresh run
     processes: int = 1
+    outputs: Mapping[str, str] | None = None  # output leaf -> "logits", "distribution" or "probabilities"
+    kept: str = "end"  # the state returned: "end", or "best" (an earlier evaluation's, the end being worse)
+    best: Mapping[str, Any] | None = None  # the evaluation whose state was returned ("best"), or the best one seen
+    worse_than_start: bool = False  # the end's evaluation was worse than the start's
+    judged_by: str | None = None  # what "better" meant: "metric (higher is better)", "distill loss", None: no eval
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for a report."""
-        return {**asdict(self), "losses": dict(self.losses)}
+        return {**asdict(self), "losses": dict(self.losses),
+                "outputs": dict(self.outputs) if self.outputs is not None else None}
 
 
 def recover(
@@ -164,11 +198,16 @@ def recover(
     if teacher is None and task_loss is None:
         raise RecoverError("recover: no teacher and no task_loss, so nothing to learn from; pass the unpruned model "
                            "as teacher, or a task_loss(output, batch)")
+    _check_trainable(student, teacher)
+    task_loss = fenced(task_loss, "task_loss") if task_loss is not None else None
+    metric = fenced(metric, "metric") if metric is not None else None
     acc = accelerator if accelerator is not None else Accelerator()
     root = Path(checkpoint_dir) if checkpoint_dir is not None else None
-    start = _resume_point(root, cfg, resume)
+    check_engine(acc, root)
+    start, saved = resume_point(root, config_record(cfg), cfg.steps, resume)
     set_seed(cfg.seed)
     batches = _batches(data, acc)
+    read = fenced(next, "data", name=_data_name(data), fix="fix the dataset or loader")  # its batches are user code
     homes = [(m, next((p.device for p in m.parameters()), None), m.training, [p.requires_grad for p in
                                                                            m.parameters()])
              for m in (student, teacher) if m is not None]
@@ -177,39 +216,49 @@ def recover(
             teacher.to(acc.device).eval().requires_grad_(False)
         student.to(acc.device).train()
         to_args = inputs or (lambda b: b)
-        first = next(iter(batches()), None)
+        first = read(iter(batches()), None)
         if first is None:
             raise RecoverError("recover: data yielded no batch; pass an iterable of model inputs (tensors, tuples or "
                                "dicts)")
         kinds: dict[str, str] = {}
         scales: dict[str, float] = {}
+        spaces: dict[str, str] = {}
         if teacher is not None:
             args, kwargs = _call(to_args(first), acc.device)
             with torch.no_grad():
-                kinds, scales = _losses(teacher(*args, **kwargs), cfg, acc)
+                kinds, scales, spaces = _losses(teacher(*args, **kwargs), cfg, acc)
         optimizer = _optimizer([p for p in student.parameters() if p.requires_grad], cfg)
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda i: lr_multiplier(i, cfg.steps, cfg.warmup, cfg.schedule, cfg.milestones, cfg.gamma))
-        model, optimizer = acc.prepare(student, optimizer)
         # Not prepared: accelerate would step it once per process per call (it counts epochs of a split dataset); this
-        # schedule counts optimiser steps. Registered, so its state is in every checkpoint.
-        acc.register_for_checkpointing(scheduler)
+        # schedule counts optimiser steps, so the step is all of its state.
+        model, optimizer = acc.prepare(student, optimizer)
         stream = _cycle(batches)
         for _ in range(start if start < cfg.steps else 0):  # the batches trained on before the checkpoint, replayed
-            next(stream)                                      # without a forward (a finished run reads none)
+            read(stream)                                      # without a forward (a finished run reads none)
         if start:
-            acc.load_state(str(root / f"state-{start}"))
+            assert root is not None  # resume_point gives a start only from a checkpoint
+            load_state(acc, root, start, model, optimizer)  # the optimiser's lr is the schedule's at start
+            groups = optimizer.param_groups
+            scheduler.load_state_dict({"last_epoch": start, "_step_count": start + 1,
+                                       "lr_lambdas": [None] * len(groups), "_last_lr": [g["lr"] for g in groups]})
         hooks = _FeatureHooks(acc.unwrap_model(model), teacher, cfg.features)
-        history, evals, since = _earlier(root, start, acc)  # a resumed run reports the whole run
+        history, evals, since = earlier(saved, start, acc)  # a resumed run reports the whole run
         began, say = time.perf_counter(), (log if acc.is_main_process else (lambda _msg: None))
         say(f"recover: {cfg.steps - start} steps from step {start} on {acc.num_processes} process(es), device "
-            f"{acc.device}; losses: {', '.join(f'{k} {v}' for k, v in kinds.items()) or 'task_loss only'}")
-        evaluate = _Evaluator(model, teacher, eval_data, metric, to_args, kinds, scales, cfg, hooks, acc, say)
+            f"{acc.device}; losses: {_named_losses(kinds, spaces) or 'task_loss only'}")
+        evaluate = _Evaluator(model, teacher, eval_data, metric, to_args, kinds, scales, spaces, cfg, hooks, acc, say)
+        best = _Best(acc.unwrap_model(model), cfg)
+        earlier_best = saved.get("best") if start else None  # the best evaluation before the checkpoint
+        if isinstance(earlier_best, dict) and type(earlier_best.get("step")) is int:
+            assert root is not None
+            best.best, best.state = dict(earlier_best), load_best(root, start) if cfg.keep_best else None
         if eval_data is not None or metric is not None:
             evals.append(evaluate(start))
+            best.see(evals[-1], last=start == cfg.steps)  # a finished run's start is its end
         try:
             for step in range(start + 1, cfg.steps + 1):
-                batch = next(stream)
+                batch = read(stream)
                 args, kwargs = _call(to_args(batch), acc.device)
                 out = model(*args, **kwargs)
                 if teacher is None:
@@ -218,7 +267,7 @@ def recover(
                     with torch.no_grad():
                         target = teacher(*args, **kwargs)
                     hooks.teacher_done()
-                    loss = _distill(out, target, kinds, scales, cfg) + hooks.loss(cfg.feature_weight)
+                    loss = _distill(out, target, kinds, scales, spaces, cfg) + hooks.loss(cfg.feature_weight)
                     if task_loss is not None:
                         loss = ((1 - cfg.task_weight) * loss
                                 + cfg.task_weight * _scalar(task_loss(out, batch), "task_loss"))
@@ -243,18 +292,39 @@ def recover(
                         f"ETA {(cfg.steps - step) / rate:.0f} s")
                 if cfg.eval_every and step % cfg.eval_every == 0 and step != cfg.steps:
                     evals.append(evaluate(step))
+                    best.see(evals[-1])
                 if root is not None and ((cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
                                          or step == cfg.steps):
-                    _save(acc, root, step, cfg, kinds, history, evals, since)
+                    save_state(acc, root, step, {"config": config_record(cfg), "losses": dict(kinds),
+                                                 "history": list(history), "evals": list(evals), "best": best.best},
+                               model, optimizer, since, best.state)
         finally:
             hooks.remove()
         if (eval_data is not None or metric is not None) and start < cfg.steps:  # a finished run's was its start
             evals.append(evaluate(cfg.steps))
+            best.see(evals[-1], last=True)
+        ending = best.finish(evals, say)
         model.eval()
     finally:
         _home(homes)
     return RecoverResult(cfg.steps, kinds, tuple(history), tuple(evals), time.perf_counter() - began, start,
-                         acc.num_processes)
+                         acc.num_processes, outputs=spaces, **ending)
+
+
+def _check_trainable(student: nn.Module, teacher: nn.Module | None) -> None:
+    """Refuse a student that cannot learn: the teacher object itself, or one with every parameter frozen."""
+    if student is teacher:
+        raise RecoverError("recover: the student is the teacher object (the same model); pass the pruned model as "
+                           "student and the unpruned one as teacher (copy.deepcopy the original before pruning)")
+    if not any(p.requires_grad for p in student.parameters()):
+        raise RecoverError("recover: the student has no trainable parameter (none, or every one has requires_grad "
+                           "False); unfreeze what should train (student.requires_grad_(True))")
+
+
+def _data_name(data: Any) -> str:
+    """How an error names the data: its type, and a loader's dataset."""
+    dataset = getattr(data, "dataset", None)
+    return f"({type(data).__name__}{f' over {type(dataset).__name__}' if dataset is not None else ''})"
 
 
 def _home(homes: list) -> None:
@@ -336,8 +406,9 @@ def _leaves(out: Any) -> dict[str, torch.Tensor]:
     return named
 
 
-def _losses(out: Any, cfg: RecoverConfig, acc: Any) -> tuple[dict[str, str], dict[str, float]]:
-    """Each output leaf's loss kind, and the scale (the teacher's mean square) an mse leaf is divided by."""
+def _losses(out: Any, cfg: RecoverConfig, acc: Any) -> tuple[dict[str, str], dict[str, float], dict[str, str]]:
+    """Each output leaf's loss kind, the scale (the teacher's mean square) an mse leaf is divided by, and what its
+    values are (logits, distribution, probabilities)."""
     leaves = _leaves(out)
     if not leaves:
         raise RecoverError("recover: the model's output has no floating-point tensor to distil; return logits or "
@@ -347,21 +418,51 @@ def _losses(out: Any, cfg: RecoverConfig, acc: Any) -> tuple[dict[str, str], dic
     if unknown:
         raise RecoverError(f"recover: config.loss names {', '.join(unknown)}, not leaves of the model's output; its "
                            f"leaves are: {', '.join(leaves)}")
+    spaces = {name: _space(name, leaf, cfg.outputs, acc) for name, leaf in leaves.items()}
     kinds = {}
     for name in leaves:
         kind = given.get(name, "auto") if given else cfg.loss
         if kind == "auto":
-            kind = "kl" if name.rsplit(".", 1)[-1] == "logits" else "mse"
+            kind = {"distribution": "kl", "probabilities": "bce"}.get(
+                spaces[name], "kl" if name.rsplit(".", 1)[-1] == "logits" else "mse")
         kinds[name] = kind
     if all(k == "skip" for k in kinds.values()):
         raise RecoverError("recover: every output leaf is skipped; give at least one a loss (kl, mse or bce)")
     scales = {n: float(acc.reduce(leaves[n].double().square().mean(), "mean")) for n, k in kinds.items()
               if k == "mse"}
-    return kinds, {n: max(s, 1e-12) for n, s in scales.items()}
+    return kinds, {n: max(s, 1e-12) for n, s in scales.items()}, spaces
+
+
+def _space(name: str, leaf: torch.Tensor, declared: str, acc: Any) -> str:
+    """What a teacher output leaf holds: "distribution" (in [0, 1], rows summing to 1 along the last dim),
+    "probabilities" (in [0, 1]) or "logits" (anything else, or ``outputs="logits"``); agreed by every process."""
+    if declared == "logits":
+        return "logits"
+    x = leaf.detach().double()
+    bounded = bool(x.numel()) and bool(((x >= 0) & (x <= 1)).all())
+    rows = bounded and x.dim() >= 1 and x.shape[-1] > 1 and bool(((x.sum(-1) - 1).abs() <= _SUMS_TO_ONE).all())
+    flags = acc.reduce(torch.tensor([float(bounded), float(rows)], device=acc.device), "mean")
+    bounded, rows = bool(flags[0] == 1), bool(flags[1] == 1)
+    if declared == "probabilities" and not bounded:
+        raise RecoverError(f"recover: outputs='probabilities' but the original's output {name} has values outside "
+                           f"[0, 1] (min {float(x.min()):.4g}, max {float(x.max()):.4g}); set outputs='logits' or "
+                           "'auto'")
+    return "distribution" if rows else "probabilities" if bounded else "logits"
+
+
+def _named_losses(kinds: Mapping[str, str], spaces: Mapping[str, str]) -> str:
+    """The log line's losses: each leaf's kind, and what it is computed on when the leaf is probabilities."""
+    def on(name: str, kind: str) -> str:
+        space = spaces.get(name, "logits")
+        if space == "logits" or kind in ("mse", "skip"):
+            return ""
+        return f" on log p ({space}: {'rows sum to 1' if space == 'distribution' else 'values in [0, 1]'})"
+
+    return ", ".join(f"{k} {v}{on(k, v)}" for k, v in kinds.items())
 
 
 def _distill(student: Any, teacher: Any, kinds: Mapping[str, str], scales: Mapping[str, float],
-             cfg: RecoverConfig) -> torch.Tensor:
+             spaces: Mapping[str, str], cfg: RecoverConfig) -> torch.Tensor:
     s, t = _leaves(student), _leaves(teacher)
     total = None
     for name, kind in kinds.items():
@@ -371,10 +472,19 @@ def _distill(student: Any, teacher: Any, kinds: Mapping[str, str], scales: Mappi
             raise RecoverError(f"recover: the pruned model's output {name} is "
                                f"{tuple(s[name].shape) if name in s else 'missing'}, the original's "
                                f"{tuple(t[name].shape)}; prune only what keeps the output's shape")
-        term = _term(kind, s[name].float(), t[name].float(), scales.get(name, 1.0), cfg.temperature)
+        ss, tt = s[name].float(), t[name].float()
+        if kind in ("kl", "bce") and spaces.get(name, "logits") != "logits":
+            ss, tt = _as_logits(ss, kind), _as_logits(tt, kind)
+        term = _term(kind, ss, tt, scales.get(name, 1.0), cfg.temperature)
         total = term if total is None else total + term
     assert total is not None  # _losses refused an output with every leaf skipped
     return total
+
+
+def _as_logits(p: torch.Tensor, kind: str) -> torch.Tensor:
+    """Probabilities as the logits the kl / bce terms take: log p (softmax(log p) = p), or logit p (sigmoid)."""
+    p = p.clamp(_EPS, 1 - _EPS)
+    return p.log() if kind == "kl" else torch.logit(p)
 
 
 def _term(kind: str, s: torch.Tensor, t: torch.Tensor, scale: float, temperature: float) -> torch.Tensor:
@@ -444,9 +554,9 @@ class _FeatureHooks:
 class _Evaluator:
     """eval_data's mean distillation loss and the user's metric, at a step."""
 
-    def __init__(self, model, teacher, data, metric, to_args, kinds, scales, cfg, hooks, acc, say) -> None:
+    def __init__(self, model, teacher, data, metric, to_args, kinds, scales, spaces, cfg, hooks, acc, say) -> None:
         self.__dict__.update(model=model, teacher=teacher, data=data, metric=metric, to_args=to_args, kinds=kinds,
-                             scales=scales, cfg=cfg, hooks=hooks, acc=acc, say=say)
+                             scales=scales, spaces=spaces, cfg=cfg, hooks=hooks, acc=acc, say=say)
 
     def __call__(self, step: int) -> dict[str, Any]:
         record: dict[str, Any] = {"step": step}
@@ -459,7 +569,7 @@ class _Evaluator:
                     for batch in self.data:
                         args, kwargs = _call(self.to_args(batch), self.acc.device)
                         losses.append(float(_distill(self.model(*args, **kwargs), self.teacher(*args, **kwargs),
-                                                     self.kinds, self.scales, self.cfg)))
+                                                     self.kinds, self.scales, self.spaces, self.cfg)))
                         self.hooks.seen = {"s": {}, "t": {}}
                     record["distill"] = sum(losses) / max(1, len(losses))
                 if self.metric is not None:
@@ -469,6 +579,72 @@ class _Evaluator:
         self.say("recover: eval " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
                                              for k, v in record.items()))
         return record
+
+
+class _Best:
+    """The best evaluation so far and a CPU copy of the student's state at it; the end compared with the start."""
+
+    def __init__(self, student: nn.Module, cfg: RecoverConfig) -> None:
+        self.student, self.cfg = student, cfg
+        self.best: dict[str, Any] | None = None
+        self.state: dict[str, torch.Tensor] | None = None
+        self.last: dict[str, Any] | None = None
+        self.judged_by: str | None = None
+
+    def score(self, record: Mapping[str, Any]) -> float | None:
+        """Lower is better: the metric (its first value; negated when higher is better), else the distill loss."""
+        metric = record.get("metric")
+        if isinstance(metric, Mapping):
+            metric = next(iter(metric.values()), None)
+        if isinstance(metric, float):
+            self.judged_by = f"metric ({'higher' if self.cfg.metric_goal == 'max' else 'lower'} is better)"
+            return -metric if self.cfg.metric_goal == "max" else metric
+        if "distill" in record:
+            self.judged_by = "distill loss (eval_data, lower is better)"
+            return float(record["distill"])
+        return None
+
+    def see(self, record: Mapping[str, Any], *, last: bool = False) -> None:
+        score = self.score(record)
+        if last:
+            self.last = dict(record)
+        current = self.score(self.best) if self.best is not None else None
+        if score is None or (current is not None and score >= current):
+            return
+        self.best = dict(record)
+        if self.cfg.keep_best and not last:  # the end's state is the model itself: no copy needed
+            self.state = {k: v.detach().to("cpu", copy=True) for k, v in self.student.state_dict().items()}
+        elif last:
+            self.state = None
+
+    def finish(self, evals: Sequence[Mapping[str, Any]], say: Callable[[str], None]) -> dict[str, Any]:
+        """Put the best state back when the end is worse (keep_best); the result's fields on what was returned."""
+        fields: dict[str, Any] = {"best": self.best, "judged_by": self.judged_by if self.best else None}
+        if self.last is None or self.best is None:
+            return fields
+        start, end = self.score(evals[0]), self.score(self.last)
+        worse = start is not None and end is not None and end > start
+        fields["worse_than_start"] = worse
+        restore = self.cfg.keep_best and self.best["step"] != self.last["step"] and self.state is not None
+        if restore:
+            self.student.load_state_dict(self.state)
+            fields["kept"] = "best"
+        if worse or restore:
+            returned = (f"returned the best state, step {self.best['step']} ({_shown(self.best)})" if restore else
+                        f"keep_best is off, so the end state is returned (the best was step {self.best['step']}: "
+                        f"{_shown(self.best)})")
+            say(f"recover: the end (step {self.last['step']}) is {'worse than the start' if worse else 'not the best'}"
+                f" by the {self.judged_by}: {_shown(evals[0])} at the start, {_shown(self.last)} at the end; "
+                f"{returned}")
+        return fields
+
+
+def _shown(record: Mapping[str, Any]) -> str:
+    metric = record.get("metric")
+    if isinstance(metric, Mapping):
+        metric = next(iter(metric.values()), None)
+    value = metric if isinstance(metric, float) else record.get("distill")
+    return f"{value:.4g}" if isinstance(value, float) else "-"
 
 
 def _number(value: Any) -> float | dict[str, float]:
@@ -481,75 +657,5 @@ def _number(value: Any) -> float | dict[str, float]:
     return float(value)
 
 
-# ---- checkpoints ----------------------------------------------------------------------------------------------------
-
-
-def _resume_point(root: Path | None, cfg: RecoverConfig, resume: bool) -> int:
-    """The step to continue from (0: a fresh run); refuses a directory this run must not write into."""
-    if root is None:
-        if resume:
-            raise RecoverError("recover: resume=True needs the checkpoint_dir of the run to continue")
-        return 0
-    state = root / STATE_FILE
-    if not state.is_file():
-        if resume:
-            raise RecoverError(f"recover: {root} holds no recovery checkpoint ({STATE_FILE}); run without resume "
-                               "first, or give the checkpoint_dir of the run to continue")
-        if root.exists() and any(root.iterdir()):
-            raise RecoverError(f"recover: checkpoint_dir {root} exists and is not empty; give a new or empty "
-                               "directory (nothing in it is overwritten)")
-        return 0
-    saved = json.loads(state.read_text())
-    if not resume:
-        raise RecoverError(f"recover: {root} holds a recovery checkpoint at step {saved['step']}; pass resume=True "
-                           "to continue it, or give another checkpoint_dir")
-    now = _config_record(cfg)
-    changed = sorted(k for k in set(now) | set(saved["config"])
-                     if k not in _RESUMABLE_CHANGES and now.get(k) != saved["config"].get(k))
-    if changed:
-        raise RecoverError(f"recover: the checkpoint in {root} was made with other settings ({', '.join(changed)}); "
-                           "resume with the same config (only steps and the reporting intervals may change)")
-    if saved["step"] > cfg.steps:
-        raise RecoverError(f"recover: the checkpoint in {root} is at step {saved['step']}, past steps={cfg.steps}; "
-                           "give at least its steps (equal: the finished run is loaded, nothing trained)")
-    return int(saved["step"])
-
-
-def _config_record(cfg: RecoverConfig) -> dict[str, Any]:
-    return json.loads(json.dumps(asdict(cfg), default=list))
-
-
-def _earlier(root: Path | None, start: int, acc: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
-                                                                  torch.Tensor]:
-    """The progress lines and evaluations of the run a checkpoint at ``start`` continues (none for a fresh run), and
-    this process's loss sum and step count since the last progress line before it."""
-    since = torch.zeros(2, dtype=torch.float64)
-    if not start or root is None:
-        return [], [], since
-    saved = json.loads((root / STATE_FILE).read_text())
-    if len(saved.get("since", ())) == acc.num_processes:
-        since += torch.tensor(saved["since"][acc.process_index], dtype=torch.float64)
-    # An evaluation at the checkpoint's step is made again by the resumed run (its start); older records lack these.
-    return ([h for h in saved.get("history", ()) if h["step"] <= start],
-            [e for e in saved.get("evals", ()) if e["step"] < start], since)
-
-
-def _save(acc: Any, root: Path, step: int, cfg: RecoverConfig, kinds: Mapping[str, str],
-          history: Sequence[Mapping[str, Any]] = (), evals: Sequence[Mapping[str, Any]] = (),
-          since: torch.Tensor | None = None) -> None:
-    """accelerate's state for ``step``, then the record that points to it, then the previous state removed."""
-    acc.wait_for_everyone()
-    every = acc.gather((since if since is not None else torch.zeros(2, dtype=torch.float64)).reshape(1, 2)
-                       .to(acc.device)).cpu().tolist()  # each process's running loss sum, for the next line
-    acc.save_state(str(root / f"state-{step}"))
-    if acc.is_main_process:
-        previous = json.loads((root / STATE_FILE).read_text())["step"] if (root / STATE_FILE).is_file() else None
-        record = {"step": step, "config": _config_record(cfg), "losses": dict(kinds), "history": list(history),
-                  "evals": list(evals), "since": every}
-        atomic_write(root / STATE_FILE, json.dumps(record, indent=1).encode())
-        if previous is not None and previous != step:
-            shutil.rmtree(root / f"state-{previous}", ignore_errors=True)  # ours: written by the save before
-    acc.wait_for_everyone()
-
-
-__all__ = ["KINDS", "RecoverConfig", "RecoverError", "RecoverResult", "recover"]
+__all__ = ["KINDS", "OUTPUTS", "STATE_FILE", "RecoverConfig", "RecoverError", "RecoverResult", "UserCodeError",
+           "recover"]

@@ -12,8 +12,8 @@ Call it before ``apply_plan`` (it needs the original widths); it changes values,
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -30,10 +30,28 @@ from prunefx.transform.keep import keep_by_root, kept_positions
 
 @dataclass(frozen=True)
 class Compensation:
-    """Which consumers absorbed the removed channels' contribution, and which could not, and why."""
+    """Which consumers absorbed the removed channels' contribution, and which could not, and why; with
+    ``prunefx.prune``'s choice: whether it was applied at all, to which groups, why, and the errors it measured."""
 
     folded: tuple[tuple[str, str], ...]  # (consumer, where: "bias" | "<bn name>.running_mean")
     skipped: tuple[tuple[str, str], ...]  # (consumer, reason)
+    applied: bool = True  # False: prune() decided against it (``why``); nothing was folded
+    why: str = ""  # how prune() decided
+    groups: tuple[int, ...] | None = None  # the groups whose removed channels were compensated; None: every group
+    error_with: float | None = None  # held-out relative output error vs the unpruned model, compensated
+    error_without: float | None = None  # the same cut uncompensated
+    held_out: int = 0  # calibration batches those errors were measured on (0: not measured)
+
+    def line(self) -> str:
+        """One sentence for a summary: applied or not, and why."""
+        return f"bias compensation {'applied' if self.applied else 'not applied'}: {self.why}" if self.why else (
+            f"bias compensation folded into {len(self.folded)} layer(s), {len(self.skipped)} skipped")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for a report."""
+        return {"applied": self.applied, "why": self.why, "groups": None if self.groups is None else list(self.groups),
+                "error_with": self.error_with, "error_without": self.error_without, "held_out": self.held_out,
+                "folded": [list(x) for x in self.folded], "skipped": [list(x) for x in self.skipped]}
 
 
 def _pruned_inputs(dg: DependencyGraph, plan: PruningPlan) -> dict[str, torch.Tensor]:
@@ -55,8 +73,14 @@ def compensate(
     example_inputs: Sequence[Any],
     *,
     calibration: Iterable[Sequence[Any]] = (),
+    groups: Collection[int] | None = None,
 ) -> Compensation:
-    """Shift consumers' biases by the mean contribution of their soon-removed input channels."""
+    """Shift consumers' biases by the mean contribution of their soon-removed input channels.
+
+    The means are taken over ``example_inputs`` and every ``calibration`` batch (each a tuple of positional inputs).
+    ``groups``: compensate only these groups' removed channels (None: every pruned group's)."""
+    if groups is not None:  # a group left out of the plan keeps its channels, as far as the consumers know
+        plan = replace(plan, groups=tuple(gp for gp in plan.groups if gp.group in set(groups)))
     targets = _pruned_inputs(dg, plan)
     folded, skipped, means, counts, hooks = [], [], {}, {}, []
     layers, in_dims = {}, {}
@@ -109,7 +133,7 @@ def compensate(
                 folded.append((name, "bias"))
             else:
                 skipped.append((name, "no bias and no BatchNorm right after it"))
-    return Compensation(tuple(folded), tuple(skipped))
+    return Compensation(tuple(folded), tuple(skipped), groups=None if groups is None else tuple(sorted(groups)))
 
 
 def _weight_in_dim(dg: DependencyGraph, name: str) -> int | None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from prunefx._registry import put
 from prunefx.analysis.roles import CHANNEL, IN, OUT, ModuleRole, Normalized
 
 
@@ -31,7 +32,7 @@ _FIXERS: dict[type, Fixer] = {}
 _OWNS_LITERALS: set[type] = set()
 
 
-def register_fixer(*types: type, literals: bool = False) -> Callable[[Fixer], Fixer]:
+def register_fixer(*types: type, literals: bool = False, replace: bool = False) -> Callable[[Fixer], Fixer]:
     """Register how a module type's attributes follow its new widths: ``fix(module, widths)``.
 
     ``widths`` maps the module's analysed roles (OUT, IN, CHANNEL, Normalized(j) from ``prunefx.analysis.roles``) to
@@ -46,7 +47,7 @@ def register_fixer(*types: type, literals: bool = False) -> Callable[[Fixer], Fi
 
     def deco(fn: Fixer) -> Fixer:
         for t in types:
-            _FIXERS[t] = fn
+            put(_FIXERS, t, fn, what="register_fixer", replace=replace)
             if literals:
                 _OWNS_LITERALS.add(t)
         return fn

@@ -6,24 +6,8 @@
 It reads what only the analysis knows (channel atoms per fx node, the source line the tracer recorded) and
 hands ``prunefx.view.page`` and ``prunefx.report`` plain data, so the page builder never touches a model.
 
-Schema ``prunefx.graph/1``::
-
-    {"schema": "prunefx.graph/1", "model": str,
-     "summary": {"nodes", "edges", "groups", "prunable_groups", "frozen_groups", "channels",
-                 "prunable_channels", "auto_leaves": int, "unknown_ops": int, "frozen_reasons": {reason: groups}},
-     "nodes": [{"name", "op", "target", "type", "label": str, "shape": str | null,
-                "src": "file:line" | null, "code": str | null,          # the model line that made the node
-                "chan": [[group id, positions]],                          # runs along its labelled dims; -1: fixed
-                "kept": int,                                              # with a plan: positions that stay
-                "module": str}],                                          # the block it runs in ("" at the top)
-     "edges": [[source, target]],                                         # node indices, one per input
-     "groups": [{...analyze --json group without "positions", "label": str, "nodes": [int],
-                 "members": [{..., "node": [int]}],                       # the nodes drawing each member
-                 "plan": {"before", "after", "why"} | absent, "skipped": str | absent}],
-     "ties": [{"groups": [int], "why": str}], "auto_leaves": {module: reason}, "unknown_ops": {node: op},
-     "inferred_ops": {node: "op: its probed channel map"},
-     "plan": {"summary", "criterion", "target", "estimate"} | null,
-     "modules": [{"path": str, "type": str, "parent": int}]}              # the blocks, parents first; -1: top
+The schema (``prunefx.graph/1``) is :mod:`prunefx.view.schema`: ``graph_data`` builds its records, validated as
+they are made, and returns them as JSON data.
 
 A node's block is the innermost module call it ran in (``nn_module_stack``, which fx's tracer and torch.export
 both record; a call_module node sits in its caller's block). A module called from several places (ultralytics'
@@ -44,12 +28,24 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from prunefx._config import to_dict
 from prunefx.analysis.graph import DependencyGraph
 from prunefx.analysis.labels import Lab, instances
 from prunefx.analysis.roles import Kind
 from prunefx.capture.trace import SOURCE_KEY  # the tracer's (file, line, function) of the code that made a node
 from prunefx.capture.values import VALUE_KEY  # the shape pass's node value (meta tensors)
-from prunefx.view.page import GRAPH_SCHEMA  # the page and report.html read this schema
+from prunefx.view.schema import (
+    GRAPH_SCHEMA,
+    BlockRecord,
+    DecisionRecord,
+    Graph,
+    GraphSummary,
+    GroupRecord,
+    MemberRecord,
+    NodeRecord,
+    PlanRecord,
+    TieRecord,
+)
 
 if TYPE_CHECKING:  # the view reads a plan by attribute; drawing a graph without one needs no planner
     from prunefx.plan.plan import PruningPlan
@@ -205,16 +201,17 @@ def graph_data(dg: DependencyGraph, plan: PruningPlan | None = None) -> dict[str
         atoms = np.concatenate([lab.atoms() for lab in labs]) if labs else np.empty(0, np.int64)
         gid, rank = cmap.lookup(atoms)
         src, code = _source(node)
-        record = {"name": node.name, "op": node.op, "target": target, "type": kind, "label": label,
-                  "shape": _shape(node.meta.get(VALUE_KEY)), "src": src, "code": code, "chan": _runs(gid),
-                  "module": where[i]}
+        kept_count = None
         if plan is not None:
             kept = gid < 0
             for g in np.unique(gid[gid >= 0]).tolist():
                 sel = gid == g
                 kept[sel] = keep[g][rank[sel]] if g in keep else True
-            record["kept"] = int(kept.sum())
-        out_nodes.append(record)
+            kept_count = int(kept.sum())
+        out_nodes.append(NodeRecord(
+            name=node.name, op=node.op, target=target, type=kind, label=label,
+            shape=_shape(node.meta.get(VALUE_KEY)), src=src, code=code,
+            chan=tuple((int(g), int(c)) for g, c in _runs(gid)), kept=kept_count, module=where[i]))
 
     def member_nodes(m) -> list[int]:
         if m.kind is Kind.MODULE:
@@ -228,47 +225,32 @@ def graph_data(dg: DependencyGraph, plan: PruningPlan | None = None) -> dict[str
     groups = []
     for g in dg.groups:
         d = g.to_dict(positions=False)
-        for m, md in zip(g.members, d["members"], strict=True):
-            md["node"] = member_nodes(m)
-        d["label"] = g.label
-        d["nodes"] = sorted({i for md in d["members"] for i in md["node"]})
-        if g.id in decisions:
-            gp = decisions[g.id]
-            d["plan"] = {"before": gp.before, "after": gp.after, "why": gp.why}
-        if g.id in skipped:
-            d["skipped"] = skipped[g.id]
-        groups.append(d)
+        members = tuple(MemberRecord(**md, node=tuple(member_nodes(m))) for m, md in zip(g.members, d.pop("members"),
+                                                                                           strict=True))
+        gp = decisions.get(g.id)
+        groups.append(GroupRecord(
+            **{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}, members=members, label=g.label,
+            nodes=tuple(sorted({i for m in members for i in m.node})),
+            plan=None if gp is None else DecisionRecord(before=gp.before, after=gp.after, why=gp.why),
+            skipped=skipped.get(g.id)))
 
     frozen_reasons: dict[str, int] = {}
     for g in dg.groups:
         for key in dict.fromkeys(reason_key(r) for r in g.reasons):
             frozen_reasons[key] = frozen_reasons.get(key, 0) + 1
-    edges = [[index[a], i] for i, node in enumerate(nodes) for a in node.all_input_nodes]
+    edges = tuple((index[a], i) for i, node in enumerate(nodes) for a in node.all_input_nodes)
     prunable = [g for g in dg.groups if g.prunable]
-    return {
-        "schema": GRAPH_SCHEMA,
-        "model": dg.model_name,
-        "summary": {
-            "nodes": len(nodes),
-            "edges": len(edges),
-            "groups": len(dg.groups),
-            "prunable_groups": len(prunable),
-            "frozen_groups": len(dg.groups) - len(prunable),
-            "channels": sum(g.channels for g in dg.groups),
-            "prunable_channels": sum(g.channels for g in prunable),
-            "auto_leaves": len(dg.auto_leaves),
-            "unknown_ops": len(dg.unknown_ops),
-            "frozen_reasons": dict(sorted(frozen_reasons.items(), key=lambda kv: -kv[1])),
-        },
-        "nodes": out_nodes,
-        "edges": edges,
-        "groups": groups,
-        "ties": [{"groups": list(ids), "why": why} for ids, why in dg.ties],
-        "auto_leaves": dict(dg.auto_leaves),
-        "unknown_ops": dict(dg.unknown_ops),
-        "inferred_ops": dict(dg.inferred_ops),
-        "plan": None if plan is None else {"summary": plan.summary(), "criterion": plan.criterion,
-                                           "target": plan.target, "estimate": plan.estimate},
-        "modules": blocks,
-    }
-
+    summary = GraphSummary(
+        nodes=len(nodes), edges=len(edges), groups=len(dg.groups), prunable_groups=len(prunable),
+        frozen_groups=len(dg.groups) - len(prunable), channels=sum(g.channels for g in dg.groups),
+        prunable_channels=sum(g.channels for g in prunable), auto_leaves=len(dg.auto_leaves),
+        unknown_ops=len(dg.unknown_ops),
+        frozen_reasons=dict(sorted(frozen_reasons.items(), key=lambda kv: -kv[1])))
+    graph = Graph(  # __post_init__ checks every index and count: a bug here fails now, not in the page
+        schema=GRAPH_SCHEMA, model=dg.model_name, summary=summary, nodes=tuple(out_nodes), edges=edges,
+        groups=tuple(groups), ties=tuple(TieRecord(groups=tuple(ids), why=why) for ids, why in dg.ties),
+        auto_leaves=dict(dg.auto_leaves), unknown_ops=dict(dg.unknown_ops),
+        plan=None if plan is None else PlanRecord(summary=plan.summary(), criterion=plan.criterion,
+                                                  target=plan.target, estimate=plan.estimate),
+        modules=tuple(BlockRecord(**b) for b in blocks), inferred_ops=dict(dg.inferred_ops))
+    return to_dict(graph)

@@ -27,7 +27,6 @@ from typing import Any
 from prunefx.view.layout import layout
 
 ASSETS = Path(__file__).with_name("assets")
-GRAPH_SCHEMA = "prunefx.graph/1"  # the data a page draws: prunefx.view.graph_data, a run's graph.json
 _MAX_LABEL = 40  # characters drawn in a box; longer names keep their tail ("...layers.conv_b.0")
 _CHAR_PX = 6.7  # average advance of an 11px sans-serif character: box widths are computed without a browser
 

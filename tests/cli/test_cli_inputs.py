@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -48,6 +49,16 @@ def test_bad_input_text_is_one_error_line_with_exit_2() -> None:
     res = runner.invoke(app, ["analyze", "_factories:frames_cnn", "--input", "1xq"])
     assert res.exit_code == 2
     assert res.output.strip().count("\n") == 0 and "1x128:int64" in res.output
+
+
+@pytest.mark.parametrize("shape", ["1x1x100000x100000", "1x" + "9" * 5000, "1x" * 40 + "1"],
+                         ids=["40 GB", "5000 digits", "41 dims"])
+def test_a_huge_input_shape_is_one_line_before_anything_is_allocated(shape: str) -> None:
+    """``--input 1x1x100000x100000`` (40 GB of floats) used to reach the allocator: a traceback, or the OOM killer."""
+    res = runner.invoke(app, ["analyze", "_factories:frames_cnn", "--input", shape], env={"COLUMNS": "300"})
+    assert res.exit_code == 2 and res.output.strip().count("\n") == 0, res.output
+    assert "Traceback" not in res.output
+    assert re.search(r"more than 268,435,456 elements, the most .*give a smaller shape|more than the 16", res.output)
 
 
 def test_batch_with_given_inputs_is_refused_naming_the_fix() -> None:

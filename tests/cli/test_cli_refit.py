@@ -41,3 +41,6 @@ def test_prune_spec_without_refit_records_none(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "refit" not in json.loads((run / "report.json").read_text())["settings"]
     assert "refit" not in json.loads((run / "state.json").read_text())["stages"]["prune"]
+    said = " ".join(result.output.split())  # the console wraps long lines
+    assert "a few batches of real inputs would re-fit it" in said  # no data: what data would add, said
+    assert "verify: max relative error" in said  # a proven cut, not labelled inexact

@@ -83,11 +83,18 @@ def test_quick_run_writes_csv_and_md(tmp_path):
                 assert float(r["tp_step_over_pfx_spa"]) == pytest.approx(
                     float(r["tp_step_s"]) / float(r["pfx_spa_s"]), rel=0.01, abs=0.01)  # fmt: skip
         else:
-            assert r["tp_status"] == "not installed" and r["tp_step_s"] == ""
+            _check_without_tp(r, md)
     assert "pruning time" in proc.stdout  # the rich table was printed
 
 
+def _check_without_tp(row: dict[str, str], md: str) -> None:
+    assert row["tp_status"] == "not installed"
+    assert all(row[k] == "" for k in ("tp_init_s", "tp_step_s", "tp_step_over_pfx_spa"))
+    assert "- torch-pruning: not installed" in md and "| not installed |" in md
+
+
 @pytest.mark.slow
+@pytest.mark.skipif(not HAS_TP, reason="no torch_pruning: test_quick_run_writes_csv_and_md checks the run without it")
 def test_runs_without_torch_pruning(tmp_path):
     """A torch_pruning that fails to import stands in for an environment without it."""
     shadow = tmp_path / "shadow" / "torch_pruning"
@@ -98,9 +105,7 @@ def test_runs_without_torch_pruning(tmp_path):
     _run(out, "--models", "resnet18", "--repeats", "1", env=env)
     rows, md = _read(out)
     _check_prunefx(rows[0])
-    assert rows[0]["tp_status"] == "not installed"
-    assert all(rows[0][k] == "" for k in ("tp_init_s", "tp_step_s", "tp_step_over_pfx_spa"))
-    assert "- torch-pruning: not installed" in md and "| not installed |" in md
+    _check_without_tp(rows[0], md)
 
 
 def test_report_from_synthetic_rows(tmp_path):

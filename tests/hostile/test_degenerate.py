@@ -95,3 +95,17 @@ def test_an_inf_mask_buffer_is_not_refused() -> None:
         model.mask[0, 0] = math.nan
     with pytest.raises(PrunefxError, match=r"buffer 'mask' holds NaN \(1 of 9 values\)"):
         check_finite(model)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64, torch.complex64])
+def test_a_bad_value_is_found_in_every_floating_dtype_among_others(dtype: torch.dtype) -> None:
+    """The one-read scan batches tensors by dtype: a bad value in a tensor of another dtype than the rest is found,
+    and a value near the dtype's largest (where a sum would overflow) is not taken for inf."""
+    model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 4).to(dtype))
+    with torch.no_grad():
+        model[1].weight[0, 0] = torch.finfo(model[1].weight.real.dtype).max
+    check_finite(model)
+    with torch.no_grad():
+        model[1].weight[2, 3] = math.nan
+    with pytest.raises(PrunefxError, match=r"parameter '1\.weight' holds NaN \(1 of 32 values\)"):
+        check_finite(model)

@@ -70,3 +70,47 @@ def test_a_killed_holder_leaves_a_stale_lock_that_never_blocks(sandbox: Sandbox)
     run = RunDir.open(sandbox.project, "same", {"model": "first"}, resume=True)  # ... and taken over
     assert json.loads((root / LOCK).read_text())["pid"] == os.getpid()
     RunLock.release_root(run.root)
+
+
+# ---- a planted .lock: never written through ---------------------------------------------------------------------
+
+
+def _stopped_run(box: Sandbox) -> Path:
+    run = RunDir.open(box.project, "r", {})
+    run.fail(KeyboardInterrupt(), stage=None)  # interrupted: a run to resume
+    RunLock.release_root(run.root)
+    (run.root / LOCK).unlink()
+    return run.root
+
+
+@pytest.mark.parametrize("plant", ["a link to a user's file", "a hard link to a user's file", "a directory"])
+@pytest.mark.parametrize("how", ["resume", "exist_ok"])
+def test_a_planted_lock_is_refused_before_anything_is_written(sandbox: Sandbox, plant: str, how: str) -> None:
+    """``.lock -> ~/notes.txt``: taking the lock used to truncate the user's file and write a pid record into it."""
+    root = _stopped_run(sandbox)
+    victim = sandbox.outside / "keep.txt"
+    if plant == "a link to a user's file":
+        (root / LOCK).symlink_to(victim)
+    elif plant == "a hard link to a user's file":
+        os.link(victim, root / LOCK)
+    else:
+        (root / LOCK).mkdir()
+    before, state = sandbox.snapshot(), (root / "state.json").read_bytes()
+    why = {"a link to a user's file": r"is a symbolic link \(to .*keep\.txt\); prunefx does not write through links",
+           "a hard link to a user's file": r"cannot be written in place: it has another hard link",
+           "a directory": r"is a directory, where prunefx writes a file"}[plant]
+    with pytest.raises(RunError, match=rf"^cannot lock .*runs/r: .*runs/r/\.lock {why}.*[;:] remove") as info:
+        RunDir.open(sandbox.project, "r", {}, **{how: True})
+    assert "\n" not in str(info.value)
+    assert sandbox.snapshot() == before  # the user's file is byte-identical: no pid record, no truncation
+    assert (root / "state.json").read_bytes() == state
+    assert os.path.lexists(root / LOCK)  # the planted entry is the user's to look at, not removed behind their back
+
+
+def test_a_planted_lock_link_through_the_cli(sandbox: Sandbox) -> None:
+    root = _stopped_run(sandbox)
+    (root / LOCK).symlink_to(sandbox.outside / "keep.txt")
+    before = sandbox.snapshot()
+    result = invoke("prune", "digits_cnn.yaml", "project=runs", "name=r", "epochs=1", "resume=true")
+    assert_refused(result, r"cannot lock runs/r: runs/r/\.lock is a symbolic link .*remove the link")
+    assert sandbox.snapshot() == before

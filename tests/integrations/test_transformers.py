@@ -262,6 +262,53 @@ def test_a_checkpoint_whose_config_disagrees_names_the_tensor(tmp_path):
     assert not dst.exists()
 
 
+@pytest.mark.parametrize("shard", ["../victim/model.safetensors", "/tmp/elsewhere.safetensors", "..", "a\\b"])
+def test_a_shard_index_naming_a_file_outside_the_checkpoint_is_refused(tmp_path, shard):
+    """Shard names come from the index file: one that leads out of the checkpoint is refused before any read or write
+    (it overwrote another checkpoint's weights)."""
+    full, _ = _build("llama")
+    src, dst, victim = tmp_path / "src", tmp_path / "dst", tmp_path / "victim"
+    full.save_pretrained(src, max_shard_size="200KB")
+    victim.mkdir()
+    (victim / "model.safetensors").write_bytes(b"another checkpoint's weights")
+    index = json.loads((src / "model.safetensors.index.json").read_text())
+    name = sorted(index["weight_map"])[0]
+    index["weight_map"][name] = shard
+    (src / "model.safetensors.index.json").write_text(json.dumps(index))
+    unsafe = rf"src/model\.safetensors\.index\.json: the shard of {name!r}: .* is not a plain file name"
+    with pytest.raises(prunefx.PrunefxError, match=unsafe):
+        pfx_hf.CheckpointTensors(src)
+    dg, plan = _ones_plan(pfx_hf.meta_model(src))
+    with pytest.raises(prunefx.PrunefxError, match=unsafe):
+        pfx_hf.prune_checkpoint(src, dst, pfx_hf.meta_model(src), dg, plan)
+    assert (victim / "model.safetensors").read_bytes() == b"another checkpoint's weights"
+    assert not dst.exists()
+
+
+def test_a_link_planted_in_the_destination_is_never_written_through(tmp_path, monkeypatch):
+    """A link that appears in the (checked, empty) destination while the checkpoint is written is refused, never
+    written through (config.json was written with open(), which follows it)."""
+    from prunefx.integrations.transformers import checkpoint as pfx_checkpoint
+
+    full, _ = _build("llama")
+    src, dst, victim = tmp_path / "src", tmp_path / "dst", tmp_path / "victim.json"
+    full.save_pretrained(src)
+    victim.write_bytes(b"a user's file")
+    real = pfx_checkpoint.check_destination
+
+    def then_planted(path, **kwargs):
+        real(path, **kwargs)
+        path.mkdir()
+        (path / "config.json").symlink_to(victim)
+
+    monkeypatch.setattr(pfx_checkpoint, "check_destination", then_planted)
+    dg, plan = _ones_plan(pfx_hf.meta_model(src))
+    with pytest.raises(prunefx.PrunefxError, match=r"dst/config\.json is a symbolic link .*prunefx does not write "
+                                                   r"through links"):
+        pfx_hf.prune_checkpoint(src, dst, pfx_hf.meta_model(src), dg, plan)
+    assert victim.read_bytes() == b"a user's file" and (dst / "config.json").is_symlink()
+
+
 def test_activation_criterion_ranks_a_silent_mlp_unit_last():
     """Unit 5 of layer 0's MLP has the largest weights but its gate is zero, so it never carries a signal: weight
     norms keep it, activations drop it first."""

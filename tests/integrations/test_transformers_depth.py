@@ -77,7 +77,7 @@ def test_a_failed_check_puts_layers_config_and_indices_back(monkeypatch):
         logits = model(ids).logits
 
     def failing(*args, **kwargs):
-        return replace(real(*args, **kwargs), ok=False, message="forced")
+        return replace(real(*args, **kwargs), ok=False, state="failed", message="forced")
 
     real = prunefx.depth.verify_depth
     monkeypatch.setattr(prunefx.depth, "verify_depth", failing)
@@ -154,6 +154,13 @@ def test_a_vlm_loses_language_layers_and_widths_only(tmp_path):
     assert model.config.text_config.num_hidden_layers == 3 and model.config.vision_config.num_hidden_layers == 2
     width = pfx_hf.prune(model, batch, prunefx.PlanConfig(ratio=0.5), language_model_only=True)
     assert width.verified.ok and width.plan.pruned
+    # the text config is rewritten in place, still the object the language model holds (a plain dict there broke
+    # the cache: generate raised "'dict' object has no attribute 'get_text_config'")
+    text = model.config.text_config
+    assert isinstance(text, T.PretrainedConfig) and text is model.model.language_model.config
+    assert text.intermediate_size == model.model.language_model.layers[0].mlp.gate_proj.out_features
+    with torch.no_grad():
+        assert model.generate(**batch, max_new_tokens=2, min_new_tokens=2, do_sample=False).shape == (1, 26)
     assert {k: v.shape for k, v in model.state_dict().items() if not k.startswith("model.language_model")} == vision
     model.save_pretrained(tmp_path)
     back = T.LlavaForConditionalGeneration.from_pretrained(tmp_path).eval()
@@ -166,3 +173,74 @@ def test_language_model_only_on_a_model_without_one_is_one_clear_error():
                                     intermediate_size=64)).eval()
     with pytest.raises(PrunefxError, match="has no separate language model"):
         pfx_hf.prune(bert, torch.randint(0, V, (1, 8)), language_model_only=True)
+
+
+def _old_write_fields(old, new):
+    """The config update before this check existed: every changed field set from ``to_dict()``, so a nested
+    sub-config became a plain dict."""
+    for key, value in new.to_dict().items():
+        if getattr(old, key, None) != value and key in old.to_dict():
+            setattr(old, key, value)
+
+
+def test_a_width_cut_whose_config_rewrite_breaks_generation_is_not_returned(monkeypatch):
+    """The oracle proves the cut with the cache off; the model the user gets must also generate with its cache."""
+    model, batch = _llava()
+    monkeypatch.setattr(pfx_hf.api, "write_fields", _old_write_fields)
+    with pytest.raises(VerificationError, match=r"the pruned model fails its cached generation \(2 tokens\) on the "
+                                                r"example inputs \(AttributeError: 'dict' object has no attribute "
+                                                r"'get_text_config'\); the cut is not returned as verified"):
+        pfx_hf.prune(model, batch, prunefx.PlanConfig(ratio=0.5), language_model_only=True)
+
+
+def _hybrid(types):
+    """A Mamba2 + attention model (GraniteMoeHybrid), one decoder layer per entry of ``types``."""
+    torch.manual_seed(0)
+    cfg = T.GraniteMoeHybridConfig(**{**BASE, "num_hidden_layers": len(types)}, layer_types=types, mamba_n_heads=4,
+                                   mamba_d_head=16, mamba_n_groups=1, mamba_d_state=8, mamba_chunk_size=8,
+                                   num_local_experts=0, shared_intermediate_size=64)
+    return T.GraniteMoeHybridForCausalLM(cfg).eval()
+
+
+def test_a_hybrid_models_only_attention_layer_is_refused_before_any_compute(monkeypatch):
+    model = _hybrid(["mamba", "attention"])
+    ids = torch.randint(0, V, (1, 8))
+
+    def no_compute(*args, **kwargs):
+        raise AssertionError("the model was analysed: the refusal came after compute")
+
+    monkeypatch.setattr(prunefx.depth, "analyze", no_compute)
+    with pytest.raises(PrunefxError, match=r"^model\.layers\.1 cannot be removed: it is the only 'full_attention' "
+                                           r"layer \(layer_types\) of model\.layers, which the model's cache and masks "
+                                           r"need; name other blocks$"):
+        pfx_hf.prune_depth(model, ids, remove=1, blocks=["model.layers.1"])
+    with pytest.raises(PrunefxError, match=r"^remove=1, but GraniteMoeHybridForCausalLM can lose at most 0 of its 2 "
+                                           r"decoder layers: one of each kind stays, .*; give remove <= 0$"):
+        pfx_hf.prune_depth(model, ids, remove=1)
+    with pytest.raises(PrunefxError, match=r"^remove=4, but LlamaForCausalLM can lose at most 3 of its 4 decoder "
+                                           r"layers"):
+        pfx_hf.prune_depth(_model("llama"), ids, remove=4)  # every layer: refused, not cut and then blamed
+    assert len(model.model.layers) == 2 and model.config.layer_types == ["linear_attention", "full_attention"]
+
+
+def test_a_hybrid_model_keeps_one_layer_of_each_kind_and_a_cut_that_breaks_its_call_is_undone(monkeypatch):
+    model = _hybrid(["mamba", "mamba", "attention"])
+    ids = torch.randint(0, V, (1, 8))
+    with torch.no_grad():
+        logits = model(ids).logits
+    # without the kinds the attention layer goes: the oracle (cache off) passes, the model's default call does not
+    monkeypatch.setattr(pfx_hf.depth, "layer_kinds", lambda model, under=None: {})
+    with pytest.raises(VerificationError, match=r"the blocks are back: the pruned model fails its default call on "
+                                                r"the example inputs \(ValueError: .*can only be called on Attention "
+                                                r"layers"):
+        pfx_hf.prune_depth(model, ids, remove=1, blocks=["model.layers.2"])
+    monkeypatch.undo()
+    assert len(model.model.layers) == 3 and model.config.num_hidden_layers == 3
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, logits)
+    with pytest.raises(PrunefxError, match=r"remove=2, but GraniteMoeHybridForCausalLM can lose at most 1 of its 3"):
+        pfx_hf.prune_depth(model, ids, remove=2)
+    result = pfx_hf.prune_depth(model, ids, remove=1)  # one of the two mamba layers, never the attention layer
+    assert result.verified.ok and result.plan.remove[0] in ("model.layers.0", "model.layers.1")
+    assert model.config.layer_types == ["linear_attention", "full_attention"]
+    assert model.generate(ids, max_new_tokens=2, min_new_tokens=2, do_sample=False, pad_token_id=0).shape == (1, 10)

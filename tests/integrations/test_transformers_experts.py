@@ -81,6 +81,24 @@ def test_a_wrong_slice_fails_the_check_and_puts_the_experts_back(monkeypatch):
         torch.testing.assert_close(model(cal[0]).logits, before)
 
 
+def test_a_cut_whose_model_fails_its_default_call_puts_the_experts_back(monkeypatch):
+    """The oracle runs without the KV cache; the model the user gets must still run its default call (cache on)."""
+    model = _model("mixtral")
+    cal = _calibration()
+    real = pfx_experts._slice
+
+    def misnumbered(m, layers, plan):  # the right experts, but a layer's KV-cache index left wrong
+        real(m, layers, plan)
+        m.model.layers[1].self_attn.layer_idx = 5
+
+    monkeypatch.setattr(pfx_experts, "_slice", misnumbered)
+    with pytest.raises(VerificationError, match=r"the experts are back: the pruned model fails its default call on "
+                                                r"the example inputs \(IndexError"):
+        pfx_hf.prune_experts(model, cal, keep=0.5)
+    assert model.config.num_local_experts == 8
+    assert all(x.num_experts == 8 for x in pfx_experts.moe_layers(model))
+
+
 def _routed(model, cal):
     """Per MoE layer, what its experts module was called with: (hidden, top_k_index, top_k_weights) per batch."""
     seen = {x.path: [] for x in pfx_experts.moe_layers(model)}

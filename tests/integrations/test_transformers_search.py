@@ -102,6 +102,11 @@ def test_memory_counts_the_weights_and_the_kv_cache_sliding_layers_at_their_wind
     assert budget.of(gemma) < _memory_by_hand(gemma.config, g, 4, 512)  # the windows hold fewer tokens
     with pytest.raises(PrunefxError, match="unknown budget measure"):
         pfx_hf.Budget("bytes")
+    # NaN compares false with everything, so "context < 1" let it through; a fraction of a token is no count either
+    for field, value in [("context", float("nan")), ("batch", 2.5), ("context", True), ("bytes_per_kv", float("inf")),
+                         ("bytes_per_param", float("nan"))]:
+        with pytest.raises(PrunefxError, match=rf"^Budget {field}={value!r}: it must be a (whole|positive finite)"):
+            pfx_hf.Budget("memory", **{field: value})
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")

@@ -49,7 +49,6 @@ def _check_equal(model: nn.Module, x: torch.Tensor) -> torch.fx.GraphModule:
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in FAST else pytest.mark.slow) for n in ZOO])
 def test_torchvision_zoo_folds_to_an_equal_model(name: str) -> None:
-    torch.set_num_threads(2)
     model = randomize_bn(torchvision.models.get_model(name, weights=None)).eval()
     size = 299 if "inception" in name else 224 if name.startswith(NEEDS_224) else 64
     gm = _check_equal(model, torch.randn(1, 3, size, size))

@@ -210,3 +210,29 @@ def test_cli_writes_the_embedded_dataset(tmp_path: Path) -> None:
     data = yaml.safe_load((tmp_path / "d" / "data.yaml").read_text())
     assert Path(result.output.strip()) == tmp_path / "d" / "data.yaml" and len(data["names"]) == 4
     assert len(list((tmp_path / "d").rglob("*.jpg"))) == 5
+
+
+@pytest.mark.parametrize(("config", "message"), [
+    ({"task": "custon", "model": "prunefx.examples.sine:regressor"},
+     r"unknown task 'custon' \(did you mean 'custom'\?\); task is one of: classify, custom, detect, llm, obb, pose"),
+    ({"task": ["custom"], "model": "yolov8n.yaml"}, r"task must be one name, got \['custom'\]; task is one of"),
+    # a custom config without task: is told to add it, not that `data` might be the classification `dataset`
+    ({"model": "prunefx.examples.sine:regressor", "data": "prunefx.examples.sine:make_data",
+      "metric": "prunefx.examples.sine:metric"}, r"the config has no task:, but metric belong to task: custom; add "
+                                                 r"task: custom"),
+    ({"model": "ckpt", "text": "a.txt"}, r"text belong to task: llm; add task: llm"),
+    # the task decides the pipeline: the custom task's own message, whatever the model looks like
+    ({"task": "custom", "model": "yolov8n.yaml", "data": "x:y", "metric": "x:z", "trust_code": True},
+     r"^model must name a function as package.module:function, got 'yolov8n.yaml'"),
+    ({"task": "custom", "model": "torchvision:resnet18", "data": "x:y", "metric": "x:z"},
+     r"^a custom-task config runs the Python it names"),
+])
+def test_the_task_decides_the_pipeline_before_the_model_does(tmp_path: Path, config: dict, message: str) -> None:
+    pytest.importorskip("accelerate")
+    from prunefx.pipeline import run_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({**config, "project": str(tmp_path / "runs")}))
+    with pytest.raises(ConfigError, match=message):
+        run_config(path, log=lambda _: None)
+    assert not (tmp_path / "runs").exists()

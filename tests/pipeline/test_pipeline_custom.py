@@ -15,6 +15,9 @@ from prunefx.examples import sine
 from prunefx.report import load_report
 
 CONFIG = str(Path(__file__).resolve().parents[2] / "configs" / "sine.yaml")
+# CI's xdist workers (--dist loadgroup): test_pipeline_llm.py and test_pipeline_custom.py run on one worker, whose
+# base temp dir holds the example models they train once (the _cache fixture below)
+pytestmark = pytest.mark.xdist_group("examples_cache")
 
 
 @pytest.fixture(autouse=True)
@@ -106,7 +109,12 @@ def test_a_recovery_cut_mid_epoch_continues_from_its_last_epoch_to_the_uninterru
 
 @pytest.mark.parametrize(("args", "message"), [
     (["trust_code=false"], "add trust_code: true"),
-    (["data=_custom_task:data_raises"], "raised RuntimeError: the dataset server is down"),
+    (["data=_custom_task:data_raises"], "the data function _custom_task:data_raises raised RuntimeError: the dataset "
+                                        "server is down; fix the function"),
+    (["data=_custom_task:data_exits"], "the data function _custom_task:data_exits called sys.exit(3) instead of "
+                                       "returning"),
+    (["metric=_custom_task:metric_raises"], "the metric _custom_task:metric_raises raised ValueError: the labels file "
+                                            "is missing; fix the function"),
     (["data=_custom_task:data_not_a_dict"], "return a dict with 'train' and 'val'"),
     (["data=_custom_task:generator_data"], "train split is a generator without a length or that passes only once"),
     (["data=_custom_task:data_wrong_inputs"], "cannot take _custom_task:data_wrong_inputs's training inputs"),
@@ -128,6 +136,28 @@ def test_a_task_loss_that_is_not_a_scalar_fails_the_stage_with_the_fix(tmp_path:
     state = json.loads((tmp_path / "loss" / "state.json").read_text())
     assert state["status"] == "failed" and "finetune" not in state["stages"]  # never looks recovered
     assert not (tmp_path / "loss" / "weights" / "finetuned.pt").exists()
+
+
+KEYWORD_TASK = ("model=_custom_task:keyword_model", "data=_custom_task:keyword_data",
+                "metric=_custom_task:keyword_metric", "task_loss=null", "prune.criterion=l1", "prune.finetune.epochs=1")
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["metric=_custom_task:metric_exits_after_the_cut"],
+     "the metric _custom_task:metric_exits_after_the_cut called sys.exit(0) instead of returning"),
+    (["task_loss=_custom_task:loss_raises"], "the task_loss _custom_task:loss_raises raised KeyError: 'target'; fix "
+                                             "the function"),
+])
+def test_user_code_failing_mid_run_is_one_line_exit_2_and_no_report(tmp_path: Path, args: list[str],
+                                                                    message: str) -> None:
+    # a metric's sys.exit(0) after the cut ended prunefx with exit 0 and no report; a raising task_loss was a traceback
+    result = _prune(f"project={tmp_path}", "name=u", *KEYWORD_TASK, *args)
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and message in errors[0], result.output
+    state = json.loads((tmp_path / "u" / "state.json").read_text())
+    assert state["status"] == "failed" and "report" not in state["stages"]
+    assert not (tmp_path / "u" / "report.json").exists()
 
 
 def test_the_example_task_is_deterministic_and_its_splits_are_disjoint() -> None:
@@ -211,3 +241,40 @@ def test_a_depth_cut_before_the_width_cut_saves_both_plans_and_reloads(tmp_path:
     assert len(model.model.layers) == 3 and model.config.num_hidden_layers == 3
     assert lm.metric(model, lm.make_data()["val"])["ppl"] == pytest.approx(
         state["stages"]["finetune"]["metrics"]["ppl"], rel=1e-4)
+
+
+@pytest.mark.parametrize("keep_best", [False, True])
+def test_a_fine_tune_that_hurts_leaves_the_cut_model_as_the_result_and_says_so(tmp_path: Path,
+                                                                               keep_best: bool) -> None:
+    # an lr a thousand times too large wrecks the recovery; the metric is an error ("mse": lower is better)
+    result = _prune(f"project={tmp_path}", "name=h", *KEYWORD_TASK, "prune.finetune.lr=3.0",
+                    "prune.finetune.schedule=constant", f"prune.finetune.keep_best={str(keep_best).lower()}")
+    assert result.exit_code == 0, result.output
+    run = tmp_path / "h"
+    state = json.loads((run / "state.json").read_text())
+    cut, ft = state["stages"]["prune"]["metrics"]["mse"], state["stages"]["finetune"]
+    assert ft["distill"]["worse_than_start"] is True
+    assert ft["metrics"]["mse"] == cut  # the final model is the cut, by either guard
+    model = prunefx.load(run / "weights" / "finetuned.pt", _keyword_model).eval()
+    assert _keyword_metric(model)["mse"] == pytest.approx(cut, rel=1e-6)
+    report = load_report(run)
+    assert report["stages"]["finetuned"]["metrics"]["mse"] == pytest.approx(cut)
+    if keep_best:  # recover itself returned its best evaluation: the start, which is the cut
+        assert ft["distill"]["kept"] == "best" and "kept" not in ft
+    else:  # recover returned its end; the pipeline compared it with the cut and kept the cut, reporting both
+        assert ft["distill"]["kept"] == "end" and ft["kept"] == "pruned" and ft["finetuned_metrics"]["mse"] > cut
+        assert report["settings"]["finetune"]["metrics_finetuned"]["mse"] > cut
+        assert "fine-tune made it worse: kept the cut model" in result.output
+        assert "| finetuned (fine-tune made it worse: kept the cut model) |" in (run / "report.md").read_text()
+
+
+def _keyword_model():
+    import _custom_task
+
+    return _custom_task.keyword_model()
+
+
+def _keyword_metric(model):
+    import _custom_task
+
+    return _custom_task.keyword_metric(model, _custom_task.keyword_data()["val"])

@@ -17,6 +17,9 @@ from prunefx.data.text import mean_loss, windows
 from prunefx.pipeline.run_config import ConfigError
 
 CONFIG = str(Path(__file__).resolve().parents[2] / "configs" / "llm.yaml")
+# CI's xdist workers (--dist loadgroup): test_pipeline_llm.py and test_pipeline_custom.py run on one worker, whose
+# base temp dir holds the example models they train once (the _cache fixture below)
+pytestmark = pytest.mark.xdist_group("examples_cache")
 SMALL = ["seq_len=64", "batch=4", "train_batches=8", "val_batches=2", "prune.finetune.epochs=1"]
 
 

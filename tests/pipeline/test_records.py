@@ -57,3 +57,31 @@ def test_warnings_of_and_a_damaged_record():
     assert warnings_of(BaselineDone(source="s", metrics={})) == () and warnings_of(None) == ()
     with pytest.raises(RunError, match="stages.prune"):
         read("prune", {"source": "sparse"})
+
+
+def test_a_stage_record_or_file_changed_since_its_stage_saved_it_is_refused_in_one_line(tmp_path) -> None:
+    from prunefx.pipeline import digests
+
+    before = digests.snapshot(tmp_path)
+    (tmp_path / "plan.json").write_text("{}")
+    entry = to_state(PRUNED)
+    entry.update(digests.stamp(tmp_path, before, entry), seconds=1.0, finished="now")
+    assert set(entry["files"]) == {"plan.json"}  # what the stage wrote, bookkeeping aside
+    state = json.loads(json.dumps({"stages": {"prune": entry}}))  # as state.json holds it
+    digests.verify(tmp_path, state)  # unchanged: resumes
+    assert read("prune", state["stages"]["prune"]) == PRUNED  # the digests are not part of the record
+
+    edited = json.loads(json.dumps(state))
+    edited["stages"]["prune"]["verify"] = "skipped"
+    with pytest.raises(RunError, match=r"the prune stage's record in state.json was changed since the stage saved"):
+        digests.verify(tmp_path, edited)
+    for stage in ("not a record", ["a", "list"]):
+        with pytest.raises(RunError, match=r"records stage 'prune' as a (str|list), not the stage's results"):
+            digests.verify(tmp_path, {"stages": {"prune": stage}})
+    escaping = json.loads(json.dumps(state))
+    escaping["stages"]["prune"]["files"] = {"../outside.pt": "0" * 64}
+    with pytest.raises(RunError, match=r"records the file '../outside.pt', which is not inside the run"):
+        digests.verify(tmp_path, escaping)
+    (tmp_path / "plan.json").unlink()
+    with pytest.raises(RunError, match=r"plan.json, written by the prune stage, is missing"):
+        digests.verify(tmp_path, state)

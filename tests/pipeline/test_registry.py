@@ -1,9 +1,11 @@
-"""The model's family picks the pipeline that runs a config (prunefx.pipeline.registry)."""
+"""The config's task, then its model's family, picks the pipeline that runs a config and reads its runs back
+(prunefx.pipeline.registry)."""
 
 from __future__ import annotations
 
 import sys
 import types
+import warnings
 from pathlib import Path
 
 import pytest
@@ -31,7 +33,8 @@ def test_a_configs_task_picks_among_its_familys_pipelines() -> None:
 
 
 def test_unknown_family_is_one_config_error_naming_the_known_ones() -> None:
-    with pytest.raises(ConfigError, match=r"the .jax. family \(pipelines: torch, torch/custom, ultralytics"):
+    with pytest.raises(ConfigError, match=r"the .jax. family \(pipelines: torch, ultralytics; for any model, task: "
+                                          r"custom, llm\)"):
         registry.pipeline_for("jax")
 
 
@@ -65,3 +68,41 @@ def test_a_missing_package_is_named_before_the_pipeline_is_imported(monkeypatch:
     registry.register_pipeline("torch", "no_such_module_xyz:run", needs="ultralytics", what="the X pipeline")
     with pytest.raises(MissingExtraError, match=r"the X pipeline needs ultralytics.*prunefx\[yolo\]"):
         registry.pipeline_for("torch")
+
+
+@pytest.mark.parametrize(("config", "key"), [
+    ({"model": "torchvision:resnet18"}, "torch"),
+    ({"task": "classify", "model": "prunefx.zoo:bn_cnn"}, "torch"),
+    ({"task": "classify", "model": "yolov8n-cls.yaml"}, "ultralytics"),  # ultralytics' classify task
+    ({"model": "yolov8n.yaml"}, "ultralytics"),
+    ({"task": "custom", "model": "yolov8n.yaml"}, "*/custom"),  # the task owns its pipeline, whatever the model
+    ({"task": "llm", "model": "prunefx.zoo:bn_cnn"}, "*/llm"),
+])
+def test_the_task_decides_before_the_family_and_nothing_is_imported(config: dict, key: str) -> None:
+    before = set(sys.modules)
+    assert registry.pipeline_of(config) is registry._PIPELINES[key]
+    assert not {m for m in set(sys.modules) - before if "backends" in m or m.startswith("ultralytics")}
+
+
+def test_every_built_in_pipeline_reads_its_runs_back() -> None:
+    from prunefx.pipeline import readback
+
+    for pipeline in (*registry._PIPELINES.values(), registry.SPEC_RUN):
+        module, _, name = pipeline.read_back.partition(":")
+        assert module == readback.__name__ and callable(getattr(readback, name)), pipeline
+
+
+def test_replacing_a_built_in_pipeline_warns_unless_asked() -> None:
+    from prunefx.errors import RegistryOverrideWarning
+
+    saved = dict(registry._PIPELINES)
+    try:
+        with pytest.warns(RegistryOverrideWarning, match=r"register_pipeline\('torch'\) replaces the entry prunefx"):
+            registry.register_pipeline("torch", "mine:run")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            registry.register_pipeline("torch", "mine:run2", replace=True)
+            registry.register_pipeline("jax", "mine:run")  # a new family: nothing replaced
+    finally:
+        registry._PIPELINES.clear()
+        registry._PIPELINES.update(saved)

@@ -137,3 +137,61 @@ def test_sparsity_that_moved_no_gamma_is_warned():
     assert "start=scratch, schedule=target, selective=true" in constant
     (target,) = sparsity_warnings(replace(stuck, below={0.01: 0.1}), SparsityConfig(schedule="target", target=0.5))
     assert "reached 10.0% of the gammas below 0.01, not the target 50%" in target
+
+
+def _refused(result) -> str:
+    """Exit 2 with one error line on stderr (the log before it, "run directory: ...", is stdout)."""
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+def test_resume_refuses_a_plan_or_weights_changed_since_their_stage_wrote_them(tmp_path, monkeypatch):
+    import prunefx
+    import prunefx.pipeline.runner as runner
+
+    args = ["prune", str(DIGITS), *TINY, "prune.finetune.epochs=1", "name=r", f"project={tmp_path}"]
+
+    def stop(ctx):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "_finetune", stop)
+    assert CliRunner().invoke(app, args).exit_code != 0
+    monkeypatch.undo()
+    root = tmp_path / "r"
+    plan, pruned = root / "plan.json", root / "weights" / "pruned.pt"
+    kept = {p: p.read_bytes() for p in (plan, pruned, root / "state.json")}
+
+    edited = json.loads(plan.read_text())
+    edited["groups"][0]["after"] -= 1  # a width edited between stop and resume
+    plan.write_text(json.dumps(edited))
+    line = _refused(CliRunner().invoke(app, [*args, "resume=true"]))
+    assert "plan.json changed since the prune stage wrote it" in line
+    assert not (root / "weights" / "finetuned.pt").exists()  # nothing trained on the edited plan ...
+    assert (root / "state.json").read_bytes() == kept[root / "state.json"]  # ... refused before anything is written
+    plan.write_bytes(kept[plan])
+
+    pruned.write_bytes((root / "weights" / "baseline.pt").read_bytes())  # a weights file swapped
+    line = _refused(CliRunner().invoke(app, [*args, "resume=true"]))
+    assert "weights/pruned.pt changed since the prune stage wrote it" in line
+    pruned.write_bytes(kept[pruned])
+
+    result = CliRunner().invoke(app, [*args, "resume=true"])  # everything as the stages wrote it: it resumes
+    assert result.exit_code == 0, result.output
+    job = ClassifyJob.from_config(load_config(DIGITS, [*TINY, f"project={tmp_path}"]))
+    assert prunefx.load(root / "weights" / "finetuned.pt", job.factory())(job.example()).shape == (1, 10)
+
+
+@pytest.mark.parametrize(("metric", "goal", "higher"), [
+    ("top1", None, True), ("map50_95", None, True), ("r2", None, True), ("ppl", None, False),
+    ("val_loss", None, False), ("mae_hz", None, False), ("mse", None, False), ("wer", None, False),
+    ("mse", "max", True), ("top1", "min", False),
+])
+def test_the_direction_a_metric_improves_in_is_read_from_its_goal_or_its_name(metric, goal, higher):
+    # the fine-tune stage keeps the cut model when the fine-tuned one scores worse: which way is worse matters
+    from types import SimpleNamespace
+
+    from prunefx.pipeline.runner import higher_is_better
+
+    assert higher_is_better(SimpleNamespace(primary_metric=metric, metric_goal=goal)) is higher

@@ -15,6 +15,7 @@ pytest.importorskip("accelerate")
 import prunefx
 from prunefx._config import ConfigError
 from prunefx.train.recover import RecoverConfig, RecoverError, recover
+from prunefx.train.user_code import UserCodeError
 
 pytestmark = pytest.mark.filterwarnings("ignore::prunefx.errors.TiedScoresWarning")  # random-init weight norms
 
@@ -219,6 +220,34 @@ def test_a_run_interrupted_and_resumed_ends_with_the_weights_of_an_uninterrupted
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=name)
 
 
+def test_a_resumed_run_draws_the_random_numbers_the_uninterrupted_one_drew(tmp_path) -> None:
+    # dropout in the student: the resume must restore every process's RNG state from the checkpoint (JSON), or its
+    # masks and so its weights differ from the uninterrupted run's
+    torch.manual_seed(0)
+    teacher = nn.Sequential(nn.Linear(20, 32), nn.ReLU(), nn.Linear(32, 12)).eval()
+    student = nn.Sequential(nn.Linear(20, 24), nn.ReLU(), nn.Dropout(0.3), nn.Linear(24, 12))
+    data, cfg = _gaussian(3, (8, 20), 1), RecoverConfig(steps=6, lr=3e-3, checkpoint_every=2, log_every=0)
+    straight = copy.deepcopy(student)
+    recover(straight, teacher, data, config=cfg, log=_quiet)
+    calls = []
+
+    def stop_at_the_5th_batch(batch):
+        calls.append(1)
+        if len(calls) == 1 + 5:
+            raise _Stop
+        return batch
+
+    with pytest.raises(_Stop):
+        recover(copy.deepcopy(student), teacher, data, config=cfg, inputs=stop_at_the_5th_batch,
+                checkpoint_dir=tmp_path / "ck", log=_quiet)
+    torch.manual_seed(123)  # another process state: the checkpoint's RNG states replace it
+    resumed = copy.deepcopy(student)
+    assert recover(resumed, teacher, data, config=cfg, checkpoint_dir=tmp_path / "ck", resume=True,
+                   log=_quiet).resumed_from == 4
+    for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values(), strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=name)
+
+
 def _never_called_after_the_probe():
     calls = []
 
@@ -268,6 +297,12 @@ def test_bad_losses_metrics_data_and_settings_are_one_clear_error() -> None:
         run(task_loss=lambda out, batch: out.sum() * float("nan"))
     with pytest.raises(RecoverError, match="metric returned 'good'"):
         run(metric=lambda m: "good")
+    # the user's functions: any exception or exit is one error naming the function
+    with pytest.raises(UserCodeError, match=r"^the metric test_recover:.*<lambda> raised ZeroDivisionError: division "
+                                            r"by zero; fix the function$"):
+        run(metric=lambda m: 1 / 0)
+    with pytest.raises(UserCodeError, match=r"the task_loss .*exits called sys.exit\(0\) instead of returning"):
+        run(task_loss=_exits)
     with pytest.raises(RecoverError, match="one-shot iterator"):
         run(data=iter(data))
     with pytest.raises(RecoverError, match="data yielded no batch"):
@@ -278,6 +313,20 @@ def test_bad_losses_metrics_data_and_settings_are_one_clear_error() -> None:
         RecoverConfig(steps=0)
     with pytest.raises(ConfigError, match="loss 'hinge'"):
         RecoverConfig(loss="hinge")
+
+
+def _exits(out, batch):
+    raise SystemExit(0)
+
+
+def test_a_student_that_cannot_learn_is_refused_before_any_work() -> None:
+    teacher, student = _cut(Tagger(), torch.randn(1, 20))
+    data = _gaussian(2, (8, 20), 1)
+    with pytest.raises(RecoverError, match="the student is the teacher object"):  # was: an empty parameter list
+        recover(teacher, teacher, data, config=RecoverConfig(steps=2), log=_quiet)
+    assert all(p.requires_grad for p in teacher.parameters())
+    with pytest.raises(RecoverError, match=r"no trainable parameter.*requires_grad_\(True\)"):
+        recover(copy.deepcopy(student).requires_grad_(False), teacher, data, config=RecoverConfig(steps=2), log=_quiet)
 
 
 _TWO_PROCESSES = """
@@ -396,3 +445,130 @@ def test_without_a_teacher_it_fine_tunes_on_the_task_loss_with_sgd_and_step_deca
 def _frequency(x: torch.Tensor) -> torch.Tensor:
     """The dominant frequency of each signal (its FFT peak), the regression target."""
     return torch.fft.rfft(x.squeeze(1)).abs()[:, 1:].argmax(1).float() + 1
+
+
+class _Scores(nn.Module):
+    """Ten class scores from a small MLP: logits, or their softmax (a probability head, as trained nets return)."""
+
+    def __init__(self, probabilities: bool) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 10))
+        self.probabilities = probabilities
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = self.net(x) * 4
+        return z.softmax(-1) if self.probabilities else z
+
+
+def _scores_pair(probabilities: bool) -> tuple[nn.Module, nn.Module]:
+    torch.manual_seed(0)
+    teacher = _Scores(probabilities)
+    student = copy.deepcopy(teacher)
+    with torch.no_grad():
+        for p in student.parameters():
+            p.add_(torch.randn_like(p) * 0.3)  # a damaged copy: the same function to find again
+    return student, teacher
+
+
+def test_a_softmax_head_recovers_with_the_default_loss_as_its_logit_version_does() -> None:
+    g = torch.Generator().manual_seed(0)
+    train = [torch.randn(32, 20, generator=g) for _ in range(8)]
+    held = [torch.randn(64, 20, generator=g) for _ in range(2)]
+    config = RecoverConfig(steps=60, lr=3e-3, log_every=20)
+    gains, lines = {}, []
+    for probabilities in (False, True):
+        student, teacher = _scores_pair(probabilities)
+
+        def error(m: nn.Module, prob: bool = probabilities, t: nn.Module = teacher) -> float:
+            with torch.no_grad():  # on probabilities for both versions
+                as_p = (lambda y: y) if prob else (lambda y: y.softmax(-1))
+                return sum(float((as_p(m(x)) - as_p(t(x))).abs().mean()) for x in held) / len(held)
+
+        before = error(student)
+        result = recover(student, teacher, train, config=config, log=lines.append)
+        gains[probabilities] = before - error(student)
+        assert result.history[-1]["loss"] < result.history[0]["loss"]
+    assert result.outputs == {"output": "distribution"} and result.losses == {"output": "kl"}
+    assert any("kl on log p (distribution: rows sum to 1)" in line for line in lines)
+    assert gains[False] > 0
+    # mse on the probabilities (the old default) got about a third of the logit version's gain here
+    assert gains[True] >= 0.75 * gains[False]
+
+
+def test_probabilities_declared_on_raw_outputs_are_one_clear_error() -> None:
+    student, teacher = _scores_pair(False)
+    with pytest.raises(RecoverError, match="outputs='probabilities' but .* outside \\[0, 1\\]"):
+        recover(student, teacher, [torch.randn(8, 20)], config=RecoverConfig(steps=1, outputs="probabilities"),
+                log=lambda _m: None)
+    with pytest.raises(ConfigError, match="outputs='odds'"):
+        RecoverConfig(outputs="odds")
+
+
+def test_a_recovery_that_makes_the_model_worse_returns_the_best_state_and_says_so() -> None:
+    g = torch.Generator().manual_seed(1)
+    train = [torch.randn(32, 20, generator=g) for _ in range(4)]
+    held = [torch.randn(64, 20, generator=g)]
+    for keep_best in (True, False):
+        _, teacher = _scores_pair(False)
+        student = copy.deepcopy(teacher)
+        with torch.no_grad():
+            student.net[0].bias.add_(0.01)  # agrees on every held-out row, but has a gradient to follow
+        start = copy.deepcopy(student.state_dict())
+
+        def agreement(m: nn.Module, t: nn.Module = teacher) -> float:  # higher is better
+            with torch.no_grad():
+                return sum(float((m(x).argmax(-1) == t(x).argmax(-1)).float().mean()) for x in held) / len(held)
+
+        first = agreement(student)
+        lines: list[str] = []
+        # an lr a thousand times too large wrecks the student within a few steps
+        result = recover(student, teacher, train, config=RecoverConfig(steps=20, lr=5.0, schedule="constant",
+                                                                       keep_best=keep_best, log_every=0),
+                         metric=agreement, log=lines.append)
+        assert result.evals[-1]["metric"] < result.evals[0]["metric"] == first
+        assert result.worse_than_start and result.judged_by == "metric (higher is better)"
+        assert result.best is not None and result.best["step"] == 0
+        said = [line for line in lines if "worse than the start" in line]
+        assert len(said) == 1
+        same = all(torch.equal(v, start[k]) for k, v in student.state_dict().items())
+        if keep_best:
+            assert result.kept == "best" and same and agreement(student) == first
+            assert "returned the best state, step 0" in said[0]
+        else:
+            assert result.kept == "end" and not same and agreement(student) < first
+            assert "keep_best is off" in said[0]
+
+
+def test_a_resumed_recovery_that_got_worse_returns_the_best_state_of_the_whole_run(tmp_path) -> None:
+    # the best state is part of the checkpoint: a run stopped after its best evaluation and resumed returns it, as the
+    # uninterrupted run does, and so does resuming the finished run
+    g = torch.Generator().manual_seed(1)
+    train, held = [torch.randn(32, 20, generator=g) for _ in range(4)], [torch.randn(64, 20, generator=g)]
+    _, teacher = _scores_pair(False)
+    start = copy.deepcopy(teacher)
+    with torch.no_grad():
+        start.net[0].bias.add_(0.01)
+
+    def agreement(m: nn.Module) -> float:
+        with torch.no_grad():
+            return sum(float((m(x).argmax(-1) == teacher(x).argmax(-1)).float().mean()) for x in held) / len(held)
+
+    cfg = RecoverConfig(steps=12, lr=5.0, schedule="constant", eval_every=4, checkpoint_every=4, log_every=0)
+    calls = []
+
+    def stop_at_the_7th_batch(batch):
+        calls.append(1)
+        if len(calls) == 1 + 7:  # the first is the loss-kind probe; then one per step
+            raise _Stop
+        return batch
+
+    with pytest.raises(_Stop):
+        recover(copy.deepcopy(start), teacher, train, config=cfg, inputs=stop_at_the_7th_batch, metric=agreement,
+                checkpoint_dir=tmp_path / "ck", log=_quiet)
+    assert (tmp_path / "ck" / "state-4" / "best.pt").is_file()
+    for _ in range(2):  # the interrupted run resumed, then the finished run resumed
+        resumed = copy.deepcopy(start)
+        result = recover(resumed, teacher, train, config=cfg, metric=agreement, checkpoint_dir=tmp_path / "ck",
+                         resume=True, log=_quiet)
+        assert result.kept == "best" and result.best["step"] == 0 and result.worse_than_start
+        assert all(torch.equal(v, start.state_dict()[k]) for k, v in resumed.state_dict().items())

@@ -221,7 +221,6 @@ def test_small_vit_heads_pruned_at_30_percent_verified_counted_and_reloaded(tmp_
 
 @pytest.mark.slow
 def test_vit_b_16_heads_pruned_at_30_percent_pass_the_oracle():
-    torch.set_num_threads(2)
     model = torchvision.models.vit_b_16(weights=None).eval()
     torch.nn.init.normal_(model.heads.head.weight, std=0.02)  # torchvision zero-initialises the head
     x = torch.randn(1, 3, 224, 224)

@@ -295,6 +295,26 @@ def test_one_calibration_tensor_is_one_batch():
     assert [name for name, _ in result.refit.skipped] == ["fc"]
 
 
+@pytest.mark.filterwarnings("ignore::prunefx.errors.TiedScoresWarning")
+def test_calibration_turns_the_refit_on_unless_told_otherwise():
+    """Data means re-fit: calibration= alone re-fits; refit=False, or bias compensation asked for, does not."""
+    calib = [torch.randn(4, 3, 12, 12, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    x = calib[0][:1]
+
+    def cut(**kw):
+        return prunefx.prune(_small_cnn(), x, {"ratio": 0.5}, criterion="bn_scale", calibration=calib, **kw)
+
+    auto = cut()
+    assert auto.refit is not None and auto.refit.layers and auto.compensation is None, auto.summary()
+    assert "re-fit on 3 calibration batch(es)" in auto.summary() and "a few batches" not in auto.summary()
+    off = cut(refit=False)
+    assert off.refit is None and off.compensation is not None and off.compensation.held_out == 1  # measured instead
+    asked = cut(bias_compensation=True)  # compensation, which the re-fit would replace, was asked for
+    assert asked.refit is None and asked.compensation.applied
+    with pytest.raises(PrunefxError, match="refit=True replaces bias compensation"):
+        cut(refit=True, bias_compensation=True)
+
+
 def test_refit_without_calibration_is_refused_before_any_work():
     net = _small_cnn()
     before = copy.deepcopy(net.state_dict())

@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import prunefx
-from prunefx.report.graph import validate_graph
 from prunefx.view.graph_data import graph_data
+from prunefx.view.schema import validate_graph
 
 
 class Block(nn.Module):

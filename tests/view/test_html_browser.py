@@ -378,7 +378,7 @@ def test_markup_in_number_fields_runs_nothing_even_past_the_loader(browser, tmp_
                         for k, v in graph["summary"].items()}
     for g in graph["groups"]:
         g["channels"] = PAYLOAD
-        if "plan" in g:
+        if g.get("plan") is not None:
             g["plan"].update(before=PAYLOAD, after=PAYLOAD)
     path = tmp_path / "page.html"
     path.write_text(graph_page("t", "s", graph, report="<section></section>"), encoding="utf-8")

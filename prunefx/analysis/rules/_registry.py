@@ -40,6 +40,13 @@ class OpRegistry:
         self._builtin: set[tuple[str, Any]] = set()  # (table, target) of the rules prunefx itself registers
 
     def register(self, *targets: Any, replace: bool = False) -> Callable[[Rule], Rule]:
+        """Decorator: ``rule(ctx: Ctx)`` handles nodes whose target is one of ``targets`` (an ``nn.Module`` type, a
+        function or ATen overload, or a Tensor method name) and returns the output's channel labels.
+
+        An op under ``torch.export`` is an ATen overload (``torch.ops.aten.cat.default``): register those too
+        (see ``rules/aten.py``), or export graphs freeze it. Replacing a built-in rule warns unless ``replace``.
+        """
+
         def deco(rule: Rule) -> Rule:
             for t in targets:
                 table = self._table(t)

@@ -14,7 +14,7 @@ from torch import nn
 
 from prunefx.api import PruneResult
 from prunefx.api import prune as _prune
-from prunefx.errors import PrunefxError
+from prunefx.errors import PrunefxError, VerificationError
 from prunefx.integrations.transformers.layouts import adopt_attention
 from prunefx.integrations.transformers.pretrained import (
     check_config,
@@ -22,7 +22,9 @@ from prunefx.integrations.transformers.pretrained import (
     head_widths,
     language_model,
     own_config,
+    write_fields,
 )
+from prunefx.integrations.transformers.runs import broken_call, calls_that_run
 from prunefx.plan import PlanConfig
 
 
@@ -62,11 +64,17 @@ def prune(
     # head counts the config can write (Llama: hidden_size % heads == 0), so the user's save_pretrained works
     config = replace(config, ignore=(*config.ignore, *stream), uniform_layers=not per_layer,
                      allowed_widths=(*config.allowed_widths, *head_widths(model)))  # experts': registered
+    # the calls the model passes now (its default call, a cached generation) must pass after the config rewrite
+    ran = calls_that_run(model, example_inputs) if kwargs.get("check", True) else ()
     with warnings.catch_warnings():  # a base model's stream is its output, frozen already: nothing to ignore
         for pattern in stream:
             warnings.filterwarnings("ignore", message=f"ignore pattern {re.escape(repr(pattern))} matches no module")
         result = _prune(model, example_inputs, config, criterion=criterion, **kwargs)
     said = update_config(result.model)
+    why = broken_call(result.model, example_inputs, ran)
+    if why is not None:
+        raise VerificationError(f"{why}; the cut is not returned as verified and the model was pruned in place: "
+                                "start again from the unpruned model (check=False skips this check)")
     return replace(result, warnings=(*result.warnings, said)) if said else result
 
 
@@ -88,9 +96,7 @@ def update_config(model: nn.Module) -> str | None:
                    "prunefx.save(model, plan, path), or prune with widths the config accepts")
         warnings.warn(message, ConfigStaleWarning, stacklevel=3)
         return message
-    for key, value in cfg.to_dict().items():
-        if getattr(old, key, None) != value and key in old.to_dict():
-            setattr(old, key, value)
+    write_fields(old, cfg)
     return None
 
 

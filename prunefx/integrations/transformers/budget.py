@@ -11,6 +11,7 @@ which prunefx's cuts keep equal to the modules.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -35,8 +36,16 @@ class Budget:
     def __post_init__(self) -> None:
         if self.measure not in MEASURES:
             raise PrunefxError(f"unknown budget measure {self.measure!r}; give one of {', '.join(MEASURES)}")
-        if self.batch < 1 or self.context < 1 or not self.bytes_per_param > 0 or not self.bytes_per_kv > 0:
-            raise PrunefxError(f"a memory budget needs batch, context >= 1 and positive byte sizes, got {self}")
+        # NaN compares false both ways, and a float context is no count of tokens: both are refused by name.
+        counts = {"batch": self.batch, "context": self.context}
+        sizes = {"bytes_per_param": self.bytes_per_param, "bytes_per_kv": self.bytes_per_kv}
+        for name, value in counts.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise PrunefxError(f"Budget {name}={value!r}: it must be a whole number >= 1 (e.g. {name}=1)")
+        for name, value in sizes.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise PrunefxError(f"Budget {name}={value!r}: it must be a positive finite number of bytes (e.g. 2 "
+                                   "for bf16 / fp16)")
 
     def of(self, model: nn.Module) -> float:
         """The quantity in ``model`` (parameters, or bytes for memory)."""

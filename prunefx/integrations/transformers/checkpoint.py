@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shutil
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -24,11 +23,16 @@ from safetensors.torch import save_file
 from torch import nn
 
 from prunefx._extras import require
-from prunefx._io import atomic_path, atomic_write
+from prunefx._io import atomic_path, atomic_write, read_json, safe_name
 from prunefx.analysis.graph import DependencyGraph
 from prunefx.analysis.roles import Kind
 from prunefx.errors import PrunefxError, UntrustedFileError
-from prunefx.integrations.transformers.pretrained import check_config, check_destination, derived_config
+from prunefx.integrations.transformers.pretrained import (
+    check_config,
+    check_destination,
+    derived_config,
+    write_error,
+)
 from prunefx.plan import PruningPlan
 from prunefx.transform import apply_plan
 from prunefx.transform.keep import keep_by_root, kept_positions
@@ -52,19 +56,30 @@ def open_shard(path: Path) -> Iterator[Any]:
         ) from exc
 
 
+INDEX = "model.safetensors.index.json"
+
+
+def read_index(index: Path) -> dict[str, Any]:
+    """The safetensors index at ``index``: a JSON object whose ``weight_map`` maps tensor names to shard files, each
+    one plain file name beside the index (a name with a separator or ``..`` would read or write outside the
+    checkpoint), else one error naming the file."""
+    data = read_json(index, PrunefxError, missing=f"{index} is missing", what="is not a safetensors index",
+                     fix="it is truncated or damaged: copy the checkpoint again", expect=dict)
+    weight_map = data.get("weight_map")
+    if not isinstance(weight_map, dict) or not all(isinstance(k, str) for k in weight_map):
+        raise PrunefxError(f"{index}: weight_map is not a mapping of tensor names to shard files; copy the "
+                           "checkpoint again")
+    for key, name in weight_map.items():
+        safe_name(name, where=f"{index}: the shard of {key!r}", fix="shard files lie beside the index: fix the index "
+                  "or copy the checkpoint again")
+    return data
+
+
 def shards(path: Path) -> tuple[dict[str, str], Path | None]:
     """Tensor name -> shard file, and the index file (None for a single ``model.safetensors``)."""
-    index = path / "model.safetensors.index.json"
+    index = path / INDEX
     if index.exists():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise PrunefxError(f"{index} is not a safetensors index (a JSON object with a weight_map); it is "
-                               "truncated or damaged: copy the checkpoint again") from exc
-        if not isinstance(weight_map, dict):
-            raise PrunefxError(f"{index}: weight_map is not a mapping of tensor names to shard files; copy the "
-                               "checkpoint again")
-        return weight_map, index
+        return read_index(index)["weight_map"], index
     single = path / "model.safetensors"
     if not single.exists():
         raise PrunefxError(f"no safetensors checkpoint in {path} (expected model.safetensors or its index)")
@@ -141,13 +156,16 @@ def meta_model(path, cls=None, *, trust_remote_code: bool = False) -> nn.Module:
             if hasattr(cls, "from_config"):  # an AutoModel* class: it may resolve to the checkpoint's own code
                 return cls.from_config(config, trust_remote_code=trust_remote_code)
             return cls(config)  # a model class: transformers' own code
-    except ValueError as exc:
-        if trust_remote_code or "trust_remote_code" not in str(exc):
-            raise
-        raise UntrustedFileError(
-            f"{path} was not loaded: its config.json names an architecture defined by Python files in the "
-            "checkpoint, which would run to build it; if you trust its source, pass trust_remote_code=True"
-        ) from exc
+    except Exception as exc:  # whatever transformers raises on a config.json: one line naming it
+        if not trust_remote_code and "trust_remote_code" in str(exc):
+            raise UntrustedFileError(
+                f"{path} was not loaded: its config.json names an architecture defined by Python files in the "
+                "checkpoint, which would run to build it; if you trust its source, pass trust_remote_code=True"
+            ) from exc
+        lines = str(exc).strip().splitlines()
+        raise PrunefxError(f"{Path(path) / 'config.json'} does not describe a model {getattr(cls, '__name__', cls)} "
+                           f"builds ({type(exc).__name__}: {lines[0][:300] if lines else ''}); fix config.json or "
+                           "copy the checkpoint again") from exc
 
 
 def prune_checkpoint(src, dst, model: nn.Module, dg: DependencyGraph, plan: PruningPlan) -> Path:
@@ -176,7 +194,13 @@ def prune_checkpoint(src, dst, model: nn.Module, dg: DependencyGraph, plan: Prun
     bad = check_config(model, cfg)
     if bad:
         raise PrunefxError(f"the config cannot express the pruned widths ({bad[0]}); plan with uniform_layers=True")
-    dst.mkdir(parents=True, exist_ok=True)
+    try:
+        dst.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a read-only or full disk: one line naming the directory
+        error = write_error(exc, dst)
+        if error is None:
+            raise
+        raise error from exc
     total = 0
     for shard in sorted(set(where.values())):
         out = {}
@@ -188,16 +212,31 @@ def prune_checkpoint(src, dst, model: nn.Module, dg: DependencyGraph, plan: Prun
                     t = t.index_select(dim, idx)
                 out[key] = t.contiguous()
                 total += t.numel() * t.element_size()
-        with atomic_path(dst / shard) as tmp:  # a full disk: one line naming the shard, no half-written file
-            save_file(out, tmp, metadata=metadata)
+        # confined to dst: a link planted there is refused, never written through; a full disk is one line naming
+        # the shard, with no half-written file left
+        with atomic_path(dst / shard, root=dst) as tmp:
+            try:
+                save_file(out, tmp, metadata=metadata)
+            except SafetensorError as exc:  # safetensors' writer names the OS error only in its text
+                error = write_error(exc, dst / shard)
+                if error is None:
+                    raise PrunefxError(f"{dst / shard} could not be written ({str(exc).strip()})") from exc
+                raise error from exc
         del out
     if index is not None:
-        data = json.loads(index.read_text())
-        data.setdefault("metadata", {})["total_size"] = total
-        atomic_write(dst / index.name, json.dumps(data, indent=2).encode())
-    cfg.save_pretrained(dst)
+        data = read_index(index)
+        if not isinstance(data.get("metadata"), dict):
+            data["metadata"] = {}
+        data["metadata"]["total_size"] = total
+        atomic_write(dst / index.name, json.dumps(data, indent=2).encode(), root=dst)
+    if getattr(cfg, "_auto_class", None) is not None:  # a checkpoint's own config class: its code file goes along
+        cfg.save_pretrained(dst)
+    else:  # what cfg.save_pretrained writes (validated above), without following a link planted in dst
+        if hasattr(cfg, "transformers_weights"):  # a load-time attribute save_pretrained drops too
+            delattr(cfg, "transformers_weights")
+        atomic_write(dst / "config.json", cfg.to_json_string(use_diff=True).encode(), root=dst)
     for name in _COPIED:
-        if (src / name).exists():
-            shutil.copy(src / name, dst / name)
+        if (src / name).is_file():
+            atomic_write(dst / name, (src / name).read_bytes(), root=dst)
     return dst
 

@@ -17,7 +17,8 @@ half and at a quarter of the experts, ``reap`` worst of the three at a quarter.
 
 The same number of experts is kept in every layer (the config has one ``num_experts``), at least ``top_k``. The
 rewrite slices the router's and the experts' leading dims and sets every count to the kept number (modules and the
-model's own copy of its config). The oracle: the pruned model equals the original whose routers give the removed
+model's own copy of its config). The pruned model must also pass the calls it passed before (its default call, a
+cached generation). The oracle: the pruned model equals the original whose routers give the removed
 experts a logit of -inf (each router's ``F.linear`` answered with those columns masked), which is exact for
 softmax routing (Mixtral, Qwen-MoE, OLMoE); a router that scores otherwise fails it, and the experts are put back.
 """
@@ -39,6 +40,7 @@ from prunefx.analysis.outputs import default_free_outputs
 from prunefx.errors import PrunefxError, VerificationError
 from prunefx.integrations.transformers.api import stale_config
 from prunefx.integrations.transformers.pretrained import own_config
+from prunefx.integrations.transformers.runs import broken_call, calls_that_run
 from prunefx.sensitivity import calibration_batches
 from prunefx.verify import VerifyResult, _score, _worst
 
@@ -306,14 +308,16 @@ def _prune(model: nn.Module, calibration: Iterable[Any], keep: float | None, exp
         scores = {x.path: torch.as_tensor(given[x.path], dtype=torch.float64) for x in layers}
     plan = plan_experts(layers, scores, criterion, keep=keep, experts=experts)
     original = copy.deepcopy(model) if check else None
+    ran = calls_that_run(model, batches[0][0]) if check else ()  # what must still run after the cut
     active_before = active_params(model)
     _slice(model, layers, plan)
     verified = None
     if check:
         verified = verify_experts(original, model, layers, plan, batches[0][0], rtol=rtol)
-        if not verified.ok:
+        why = verified.message if not verified.ok else broken_call(model, batches[0][0], ran)
+        if why is not None:
             _restore(model, original, layers)
-            raise VerificationError(f"expert pruning failed its check, the experts are back: {verified.message}")
+            raise VerificationError(f"expert pruning failed its check, the experts are back: {why}")
     said = stale_config(model, "expert-pruned", "the model runs, but its config family cannot say the new expert "
                         "count")
     return ExpertResult(model, plan, verified, (said,) if said else (), (active_before, active_params(model)))

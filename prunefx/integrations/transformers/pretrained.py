@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -185,6 +186,19 @@ def own_config(model: nn.Module) -> None:
             m.config = swap[id(held)]
 
 
+def write_fields(old, new) -> None:
+    """Set ``old``'s fields to ``new``'s in place; a nested sub-config (a VLM's ``text_config``) field by field, so
+    it stays the config object its language model holds (a plain dict there breaks the cache and ``generate``)."""
+    for key, value in vars(new).items():
+        if key not in vars(old):
+            continue
+        held = getattr(old, key)
+        if hasattr(held, "to_dict") and hasattr(value, "to_dict"):  # a sub-config: never replaced by another object
+            write_fields(held, value)
+        elif held != value:
+            setattr(old, key, copy.deepcopy(value))
+
+
 def head_widths(model: nn.Module) -> tuple[tuple[str, tuple[int, ...]], ...]:
     """``PlanConfig.allowed_widths`` of the attention groups: the KV-head counts the model's config can express.
 
@@ -295,11 +309,31 @@ def save_pretrained(model: nn.Module, path, *, overwrite: bool = False, **kwargs
             "from hidden_size / heads (GPT-2, BERT, CLIP, Whisper) or require hidden_size % heads == 0 (Llama): prune "
             "MLP widths only, choose a head count the config accepts, or save with prunefx.save(model, plan, path)"
         )
-    model.config = cfg
+    own_config(model)  # the widths are written into model.config in place: its sub-configs stay the objects the
+    write_fields(model.config, cfg)  # submodules hold, and no other model's config changes
     try:
         model.save_pretrained(path, **kwargs)
-    except OSError as exc:  # a full or read-only disk: one line naming the directory and the fix
-        error = storage_error(exc, exc.filename or path, writing=True)
+    except Exception as exc:  # a full or read-only disk: one line naming the directory and the fix
+        error = write_error(exc, path)
         if error is None:
-            raise
+            raise PrunefxError(f"transformers could not write the pruned model to {path} ({type(exc).__name__}: "
+                               f"{_first_line(exc)}); save with prunefx.save(model, plan, path) instead") from exc
         raise error from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0][:300] if lines else ""
+
+
+def write_error(exc: BaseException, path) -> Exception | None:
+    """The one-line error for a write under ``path`` that failed on a full, read-only or forbidden disk: an
+    OSError, or safetensors' own error, which carries the OS error only in its text ("(os error 28)"); None for
+    any other failure."""
+    if not isinstance(exc, OSError):
+        found = re.search(r"\(os error (\d+)\)", str(exc))
+        if found is None:
+            return None
+        code = int(found.group(1))
+        exc = OSError(code, os.strerror(code))
+    return storage_error(exc, exc.filename or path, writing=True)

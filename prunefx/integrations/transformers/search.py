@@ -186,7 +186,7 @@ def _width_target(model: nn.Module, example_inputs: Any, goal: float, budget: Bu
     if budget.measure in ("params", "params_no_embeddings"):
         fixed = total - budget.of(model)
         return (goal + fixed) / total
-    trial_kwargs = {k: v for k, v in width_kwargs.items() if k != "refit"}
+    trial_kwargs = {**{k: v for k, v in width_kwargs.items() if k != "refit"}, "refit": False}  # data: no re-fit
     lo, hi, w = 0.0, 1.0, min(0.99, goal / budget.of(model))
     best = (math.inf, w)
     for _ in range(10):

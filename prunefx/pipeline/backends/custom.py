@@ -10,13 +10,17 @@ given (in the file or as ``trust_code=true`` on the command line):
   the model's one positional input (a tensor), a tuple of them or a dict of keyword inputs. A split is a list or a
   re-iterable with a length (a DataLoader): it is passed over, never copied into memory (only the first batches
   that calibration needs are read ahead).
-* ``metric``: ``metric(model, val_batches)`` -> a number or a dict of numbers (higher is better for the first).
+* ``metric``: ``metric(model, val_batches)`` -> a number or a dict of numbers; the first is the one compared,
+  higher is better unless its name says otherwise (``mse``, ``loss``, ``ppl``, ...: ``runner.higher_is_better``)
+  or ``prune.finetune.metric_goal: min`` is given.
 * ``task_loss`` (optional): ``task_loss(outputs, batch)`` -> a scalar tensor, mixed into the recovery.
 
 Stages: **baseline** (the model as given: its metric; nothing is trained from scratch), **prune** (the plan,
 rewrite and oracle; ``prune.refit`` / ``scope: sensitivity`` use the first training batches), **finetune**
 (:func:`prunefx.train.recover`: distillation from the baseline on the training batches, ``prune.finetune.epochs``
-passes over them, mixed with ``task_loss`` when given; ``distill: false`` trains on ``task_loss`` alone) and
+passes over them, mixed with ``task_loss`` when given; ``distill: false`` trains on ``task_loss`` alone; the best
+evaluation's state is kept, and when the fine-tuned metric is still worse than the cut's, the cut is kept as the
+final weights and the report says so) and
 **report** (MACs, params, latency, the metric before, after the cut and after recovery). Resumable like every run.
 """
 
@@ -39,11 +43,22 @@ from prunefx.errors import PrunefxError
 from prunefx.metrics import Deployment
 from prunefx.pipeline.run_config import RUN_KEYS, ConfigError, PruneSpec, StageSpec, check_keys
 from prunefx.pipeline.rundir import RunDir, recovery_checkpoint
-from prunefx.pipeline.runner import RECOVERY_DIR, WIDTH_AND_DEPTH, Job, ModelRole, Start, Trained, run_job, saved_plans
+from prunefx.pipeline.runner import (
+    RECOVERY_DIR,
+    WIDTH_AND_DEPTH,
+    Job,
+    ModelRole,
+    Start,
+    Trained,
+    higher_is_better,
+    run_job,
+    saved_plans,
+)
 from prunefx.spec import SpecError, call_factory, resolve_factory
 from prunefx.train.distributed import LOCAL
 from prunefx.train.recover import RecoverConfig, recover
 from prunefx.train.sparsity import SparsityConfig
+from prunefx.train.user_code import UserCodeError, fenced
 
 STAGES = ("baseline", "prune", "finetune", "report")
 _CALLABLES = ("model", "data", "metric", "task_loss")
@@ -119,8 +134,9 @@ class CustomJob(Job):
         if self.checkpoint is not None and not Path(self.checkpoint).is_file():
             raise ConfigError(f"checkpoint {self.checkpoint} not found; give the path of a state_dict file")
 
-    def recover_config(self, batches: int = 1) -> RecoverConfig:
-        """The recovery of ``prune.finetune``: its keys, ``epochs`` passes over ``batches`` training batches."""
+    def recover_config(self, batches: int = 1, metric_goal: str = "max") -> RecoverConfig:
+        """The recovery of ``prune.finetune``: its keys, ``epochs`` passes over ``batches`` training batches; the
+        best evaluation by the metric going ``metric_goal`` unless ``prune.finetune.metric_goal`` says otherwise."""
         ft = self.prune.finetune
         mix = {"temperature": ft.distill_config.temperature,
                "task_weight": 1.0 - ft.distill_config.weight if self.distill else 1.0}
@@ -128,7 +144,8 @@ class CustomJob(Job):
             mix["task_weight"] = 0.0
         try:
             # a checkpoint every epoch unless the config says otherwise: resume=true continues from the last one
-            return from_dict(RecoverConfig, {"checkpoint_every": batches, **ft.overrides, **mix,
+            return from_dict(RecoverConfig, {"checkpoint_every": batches, "metric_goal": metric_goal,
+                                             **ft.overrides, **mix,
                                              "steps": max(1, ft.epochs * batches)}, "prune.finetune")
         except PrunefxError as exc:
             raise ConfigError(str(exc)) from exc
@@ -150,12 +167,20 @@ class CustomBackend:
         self.checkpoint = job.checkpoint or job.model  # the baseline is the model as given: never trained here
         self._model = self._build()
         self._data = self._load_data()
-        self._metric = resolve_factory(job.metric)
-        self._task_loss = resolve_factory(job.task_loss) if job.task_loss else None
+        # user code: whatever it raises (or a sys.exit) is one line naming it, never a traceback or a silent exit
+        self._metric = fenced(resolve_factory(job.metric), "metric", name=job.metric)
+        self._task_loss = (fenced(resolve_factory(job.task_loss), "task_loss", name=job.task_loss) if job.task_loss
+                           else None)
         self._models: dict[str, nn.Module] = {}
         # The metric checked on the model as given before any run directory exists; the baseline stage reuses it.
         self._baseline_metrics = self._evaluate(self._model)
         self.primary_metric = next(iter(self._baseline_metrics))  # the key the recovery's evaluations report
+
+    @property
+    def metric_goal(self) -> str | None:
+        """Which way the metric improves: ``prune.finetune.metric_goal`` when given, else None (by its name, as
+        :func:`prunefx.pipeline.runner.higher_is_better` reads it)."""
+        return self.job.prune.finetune.overrides.get("metric_goal")
 
     def _build(self) -> nn.Module:
         from prunefx.pipeline.classify_model import load_weights
@@ -167,10 +192,7 @@ class CustomBackend:
 
     def _load_data(self) -> dict[str, Iterable[Any]]:
         spec = self.job.data
-        try:
-            data = resolve_factory(spec)()
-        except Exception as exc:  # the user's function raised
-            raise ConfigError(f"data: {spec} raised {type(exc).__name__}: {exc}") from exc
+        data = fenced(resolve_factory(spec), "data function", name=spec)()
         if not isinstance(data, Mapping) or not {"train", "val"} <= set(data):
             raise ConfigError(f"data: {spec} returned {type(data).__name__}; return a dict with 'train' and 'val' "
                               "batches, each batch an (inputs, targets) pair")
@@ -179,14 +201,18 @@ class CustomBackend:
             batches = data[split]
             # passed over once per epoch and by the metric (a generator would be empty the second time), and the
             # recovery's step count is epochs x batches: a re-iterable with a length
+            reading = {"name": f"{spec}'s {split} split", "fix": "fix the dataset or loader"}
             try:
-                size = len(batches) if not isinstance(batches, Iterator) and isinstance(batches, Iterable) else None
-            except TypeError:  # a DataLoader over an IterableDataset without a length
-                size = None
+                size = (fenced(len, "data", **reading)(batches)
+                        if not isinstance(batches, Iterator) and isinstance(batches, Iterable) else None)
+            except UserCodeError as exc:
+                if not isinstance(exc.__cause__, TypeError):
+                    raise
+                size = None  # a DataLoader over an IterableDataset without a length
             if size is None:
                 raise ConfigError(f"data: {spec}'s {split} split is a {type(batches).__name__} without a length or "
                                   "that passes only once; give a list of batches or a DataLoader over a Dataset")
-            first = next(iter(batches), None) if size else None
+            first = fenced(lambda b: next(iter(b), None), "data", **reading)(batches) if size else None
             if first is None:
                 raise ConfigError(f"data: {spec}'s {split} split has no batch")
             held = batches if isinstance(batches, Sequence) else [first]  # a loader's batches are read when used
@@ -199,7 +225,7 @@ class CustomBackend:
         try:
             with torch.no_grad():
                 self._model(*_positional(self._model, first_train[0]))
-        except Exception as exc:  # the model cannot take the data's inputs
+        except (Exception, SystemExit) as exc:  # the model cannot take the data's inputs
             raise ConfigError(f"data: the model {self.job.model} cannot take {spec}'s training inputs "
                               f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); yield batches of "
                               "(model inputs, targets)") from exc
@@ -211,11 +237,13 @@ class CustomBackend:
         was = model.training
         model.eval()
         try:
-            value = _number(self._metric(model, self._data["val"]))
-        except PrunefxError as exc:
-            raise ConfigError(f"metric: {self.job.metric}: {exc}") from exc
+            raw = self._metric(model, self._data["val"])  # fenced: its own failures name it already
         finally:
             model.train(was)
+        try:
+            value = _number(raw)
+        except PrunefxError as exc:
+            raise ConfigError(f"metric: {self.job.metric}: {exc}") from exc
         metrics = dict(value) if isinstance(value, dict) else {"metric": value}
         if not metrics:
             raise ConfigError(f"metric: {self.job.metric} returned an empty dict; return a number or a dict of them")
@@ -244,7 +272,9 @@ class CustomBackend:
 
     def calibration(self, batches: int) -> list[Any]:
         # lists: positional inputs, never read as an (inputs, targets) pair however many the model takes
-        return [list(_positional(self._model, x)) for x, _ in itertools.islice(self._data["train"], batches)]
+        read = fenced(lambda n: list(itertools.islice(self._data["train"], n)), "data",
+                      name=f"{self.job.data}'s train split", fix="fix the dataset or loader")
+        return [list(_positional(self._model, x)) for x, _ in read(batches)]
 
     def from_checkpoint(self) -> nn.Module:
         return copy.deepcopy(self._model)
@@ -256,7 +286,7 @@ class CustomBackend:
         if out != "finetuned" or start != "pruned":
             raise PrunefxError(f"a custom task trains only the recovery of the pruned model, not {out} from {start}")
         train = self._data["train"]
-        config = self.job.recover_config(len(train))
+        config = self.job.recover_config(len(train), "max" if higher_is_better(self) else "min")
         student = self.load("pruned")
         ckpt = self.path("finetuned").with_name(RECOVERY_DIR)
         result = recover(student, self.load("baseline"), train, config=config, inputs=lambda batch: batch[0],
@@ -266,7 +296,9 @@ class CustomBackend:
         self.save(student, "finetuned", self._pruned_plan())
         history = [{"step": h["step"], "loss": h["loss"], "lr": h["lr"]} for h in result.history]
         distill = {"teacher": "baseline", "losses": dict(result.losses), "steps": result.steps,
-                   "task_weight": config.task_weight, "temperature": config.temperature}
+                   "task_weight": config.task_weight, "temperature": config.temperature,
+                   "outputs": dict(result.outputs or {}), "kept": result.kept,
+                   "worse_than_start": result.worse_than_start}
         return Trained(student, history, distill)
 
     def load(self, role: ModelRole) -> nn.Module:

@@ -43,6 +43,7 @@ from prunefx.pipeline.backends.custom import CustomBackend, CustomJob
 from prunefx.pipeline.run_config import RUN_KEYS, ConfigError, check_keys
 from prunefx.pipeline.rundir import RunDir
 from prunefx.pipeline.runner import Cuts, ModelRole, imported_on_call, run_job
+from prunefx.train.user_code import fenced
 
 STAGES = ("baseline", "prune", "finetune", "report")
 EMBEDDED = "embedded"
@@ -128,6 +129,7 @@ class LlmBackend(CustomBackend):
         self.name = "prunefx.examples.stdlib_lm (embedded)" if job.model == EMBEDDED else job.model
         self.checkpoint = job.model  # the baseline is the model as given: never trained here
         self._model = self._build()
+        self._check_cuts()
         self._tokenizer = self._load_tokenizer()
         self._data = self._load_data()
         self._task_loss = next_token_loss
@@ -141,18 +143,49 @@ class LlmBackend(CustomBackend):
             return trained_lm().eval()
         return self._from_pretrained(Path(self.job.model)).eval()
 
-    def _from_pretrained(self, path: Path) -> nn.Module:
+    def _check_cuts(self) -> None:
+        """Depth and expert targets the model cannot meet (every layer, the last of a kind, fewer experts than a
+        token is routed to): refused before any compute, not after the baseline and the cut."""
+        from prunefx.integrations.transformers.depth import check_depth
+        from prunefx.integrations.transformers.experts import moe_layers, plan_experts
+
+        spec = self.job.prune
+        try:
+            if spec.depth.remove:
+                check_depth(self._model, spec.depth.remove)
+        except PrunefxError as exc:
+            raise ConfigError(f"prune.depth.{exc}") from None
+        if spec.experts.keep < 1:
+            layers = moe_layers(self._model)
+            if not layers:
+                raise ConfigError(f"prune.experts.keep={spec.experts.keep:g}, but {self.name} has no MoE layer "
+                                  "prunefx knows; remove prune.experts")
+            try:  # the counts alone decide whether the target can be met: any scores will do
+                plan_experts(layers, {x.path: torch.zeros(x.num_experts) for x in layers}, "check",
+                             keep=spec.experts.keep)
+            except PrunefxError as exc:
+                raise ConfigError(f"prune.experts: {exc}") from None
+
+    def _from_pretrained(self, path: Path, *, run: bool = False) -> nn.Module:
+        """The causal LM at ``path`` (``run``: one this run saved, read from safetensors only: a pickle planted
+        in the run directory is never read); every failure one line naming the file or tensor."""
         from transformers import AutoModelForCausalLM
 
+        from prunefx.integrations.transformers.checkpoint import check_shapes, meta_model, shards
+
         try:
+            if run or any((path / n).is_file() for n in ("model.safetensors", "model.safetensors.index.json")):
+                # the shapes config.json gives against the weights' headers (nothing loaded): a mismatch names the
+                # tensor, a truncated or damaged shard its file
+                check_shapes(path, shards(path)[0], meta_model(path, trust_remote_code=self.job.trust_code))
             with _quiet():
                 return AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32,
-                                                            trust_remote_code=self.job.trust_code)
-        except (OSError, ValueError, KeyError) as exc:
-            hint = " (it runs its own code: add trust_code=true if you trust it)" if "trust_remote_code" in str(
-                exc) else ""
-            raise ConfigError(f"model {path} does not load as a causal LM{hint}: "
-                              f"{str(exc).splitlines()[0][:300]}") from exc
+                                                            trust_remote_code=self.job.trust_code,
+                                                            use_safetensors=True if run else None, weights_only=True)
+        except PrunefxError as exc:
+            raise ConfigError(f"model {path} does not load: {exc}") from None
+        except Exception as exc:  # noqa: BLE001 - whatever transformers raises: one line naming the checkpoint
+            raise ConfigError(_load_error(path, exc)) from None
 
     def _load_tokenizer(self) -> Any:
         tok = self.job.data_spec.tokenizer
@@ -172,9 +205,14 @@ class LlmBackend(CustomBackend):
 
     def _tokens(self) -> torch.Tensor:
         raw = b"".join(_read_text(t) for t in self.job.data_spec.text)
+        if not raw.strip():
+            raise ConfigError(f"text {', '.join(self.job.data_spec.text)} holds no text (empty or whitespace only); "
+                              "give files with text, or text=stdlib")
         if self._tokenizer is None:
             return torch.frombuffer(bytearray(raw), dtype=torch.uint8).long()
-        ids = self._tokenizer(raw.decode("utf-8", errors="replace"), add_special_tokens=False)["input_ids"]
+        tokenize = fenced(self._tokenizer, "tokenizer", name=type(self._tokenizer).__name__,  # may be remote code
+                          fix="fix the tokenizer, or give tokenizer=bytes")
+        ids = tokenize(raw.decode("utf-8", errors="replace"), add_special_tokens=False)["input_ids"]
         return torch.tensor(ids, dtype=torch.long)
 
     def _load_data(self) -> dict[str, list[Any]]:
@@ -219,19 +257,32 @@ class LlmBackend(CustomBackend):
         if role == "baseline":
             return copy.deepcopy(self._model)
         if role not in self._models:
-            self._models[role] = self._from_pretrained(self.path(role)).eval()
+            self._models[role] = self._from_pretrained(self.path(role), run=True).eval()
         return copy.deepcopy(self._models[role])
 
     def save(self, model: nn.Module, role: ModelRole, plan: Any = None) -> None:
         if role == "baseline":
             return  # the user's checkpoint, as given
-        final = self.path(role)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{role}-", dir=final.parent))
+        from prunefx.integrations.transformers.pretrained import write_error
+
+        assert self.root is not None, "the runner sets root once the run directory is open"
+        final = self.root / "weights" / role
+        tmp: Path | None = None
         try:
+            self.path(role)  # weights/ made
+            tmp = Path(tempfile.mkdtemp(prefix=f".{role}-", dir=final.parent))
             with _quiet():
                 model.save_pretrained(tmp)
             if self._tokenizer is not None:
                 self._tokenizer.save_pretrained(tmp)
+        except Exception as exc:  # a full or read-only disk: one line naming the directory, no half-written save
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+            error = write_error(exc, final)
+            if error is None:
+                raise
+            raise error from None
+        try:
             self._check_reload(model, tmp, role)
             if final.exists():
                 shutil.rmtree(final)  # this run's own earlier save of the role (a resumed stage)
@@ -244,7 +295,7 @@ class LlmBackend(CustomBackend):
         """``from_pretrained(path)`` must give back ``model``: the same logits on the first validation batch."""
         x = self._data["val"][0][0][:2]
         try:
-            again = self._from_pretrained(path).eval()
+            again = self._from_pretrained(path, run=True).eval()
         except Exception as exc:  # noqa: BLE001 - whatever from_pretrained raises, the checkpoint is not kept
             why = str(exc).splitlines()[0][:300]
             raise PrunefxError(f"the {role} model's save_pretrained checkpoint does not load ({why}); nothing was "
@@ -287,6 +338,19 @@ def _quiet():
     finally:
         if was:
             logging.enable_progress_bar()
+
+
+def _load_error(path: Path, exc: BaseException) -> str:
+    """The one line for a checkpoint transformers could not load."""
+    import pickle
+
+    first = (str(exc).strip().splitlines() or [""])[0][:300]
+    if "trust_remote_code" in str(exc):
+        return f"model {path} does not load as a causal LM (it runs its own code: add trust_code=true if you trust it)"
+    if isinstance(exc, pickle.UnpicklingError):  # weights-only loading refused a pickled checkpoint: nothing ran
+        return (f"model {path} was not loaded: its pickled weights hold objects beyond tensors, and unpickling them "
+                "could run any code they hold (prunefx loads weights-only); convert the checkpoint to safetensors")
+    return f"model {path} does not load as a causal LM ({type(exc).__name__}: {first})"
 
 
 def _read_text(source: str) -> bytes:

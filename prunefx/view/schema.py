@@ -1,10 +1,13 @@
-"""graph.json (schema ``prunefx.graph/1``, what ``prunefx.view.graph_data`` makes): its validator.
+"""graph.json, schema ``prunefx.graph/1``: the one statement of what the HTML view draws.
 
-A run directory may be shared, and graph.json's values end up in report.html, so the file is read like report.json
-(``prunefx.report.report``): the dataclasses below are the schema and ``from_dict`` checks every field against its
-annotation (ids, counts and indices are integers, flags booleans, an fx op and a member kind one of their names,
-texts strings; unknown and missing keys are errors naming the key), then ``Graph.__post_init__`` checks that
-every index points inside the graph and every count adds up.
+:func:`prunefx.view.graph_data` builds these records from an analysed graph (and its plan); a run's graph.json is
+read back through :func:`validate_graph`. A run directory may be shared and graph.json's values end up in
+report.html, so reading checks every field against its annotation (ids, counts and indices are integers, flags
+booleans, an fx op and a member kind one of their names, texts strings; unknown and missing keys are errors naming
+the key), then ``Graph.__post_init__`` checks that every index points inside the graph and every count adds up.
+
+The records mirror :class:`prunefx.analysis.Group` and :class:`prunefx.plan.GroupPlan` on purpose, under names of
+their own: the report reads graph.json without torch or the analysis.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ from typing import Any, Literal
 
 from prunefx._config import from_dict
 from prunefx.errors import PrunefxError
-from prunefx.view.page import GRAPH_SCHEMA
+
+GRAPH_SCHEMA = "prunefx.graph/1"  # the data a page draws: prunefx.view.graph_data, a run's graph.json
 
 
 class GraphError(PrunefxError, ValueError):
@@ -22,7 +26,7 @@ class GraphError(PrunefxError, ValueError):
 
 
 @dataclass(frozen=True)
-class Summary:
+class GraphSummary:
     """The counts of the summary bar."""
 
     nodes: int
@@ -38,7 +42,7 @@ class Summary:
 
 
 @dataclass(frozen=True)
-class Node:
+class NodeRecord:
     """One fx node as the page draws it."""
 
     name: str
@@ -55,7 +59,7 @@ class Node:
 
 
 @dataclass(frozen=True)
-class Module:
+class BlockRecord:
     """A block of the collapsed view: one module call, inside its parent's block."""
 
     path: str
@@ -64,7 +68,7 @@ class Module:
 
 
 @dataclass(frozen=True)
-class Member:
+class MemberRecord:
     """A group member: what it slices and the nodes that draw it."""
 
     kind: Literal["module", "param", "const"]
@@ -76,7 +80,7 @@ class Member:
 
 
 @dataclass(frozen=True)
-class Decision:
+class DecisionRecord:
     """The plan's decision for a group."""
 
     before: int
@@ -85,7 +89,7 @@ class Decision:
 
 
 @dataclass(frozen=True)
-class Group:
+class GroupRecord:
     """A channel group (``analyze --json``'s, without positions) with its label, nodes and decision."""
 
     id: int
@@ -95,15 +99,15 @@ class Group:
     constraints: tuple[str, ...]
     exact: bool
     inexact_reasons: tuple[str, ...]
-    members: tuple[Member, ...]
+    members: tuple[MemberRecord, ...]
     label: str
     nodes: tuple[int, ...]
-    plan: Decision | None = None
+    plan: DecisionRecord | None = None
     skipped: str | None = None  # why the plan left a prunable group alone
 
 
 @dataclass(frozen=True)
-class Tie:
+class TieRecord:
     """Groups that keep equal channel counts, and why."""
 
     groups: tuple[int, ...]
@@ -111,7 +115,7 @@ class Tie:
 
 
 @dataclass(frozen=True)
-class Plan:
+class PlanRecord:
     """The plan a report's graph was pruned by."""
 
     summary: str
@@ -126,15 +130,15 @@ class Graph:
 
     schema: str
     model: str
-    summary: Summary
-    nodes: tuple[Node, ...]
+    summary: GraphSummary
+    nodes: tuple[NodeRecord, ...]
     edges: tuple[tuple[int, int], ...]  # (source, target) node indices, one per input
-    groups: tuple[Group, ...]
-    ties: tuple[Tie, ...]
+    groups: tuple[GroupRecord, ...]
+    ties: tuple[TieRecord, ...]
     auto_leaves: dict[str, str]  # module -> why it was traced as a leaf
     unknown_ops: dict[str, str]  # node -> op without a rule
-    plan: Plan | None
-    modules: tuple[Module, ...] = ()  # the module hierarchy; absent in graphs written before it
+    plan: PlanRecord | None
+    modules: tuple[BlockRecord, ...] = ()  # the module hierarchy; absent in graphs written before it
     inferred_ops: dict[str, str] = field(default_factory=dict)  # node -> op: its probed channel map
 
     def __post_init__(self) -> None:
@@ -194,4 +198,5 @@ def validate_graph(data: Any) -> Graph:
     return from_dict(Graph, data, error=GraphError)
 
 
-__all__ = ["Graph", "GraphError", "validate_graph"]
+__all__ = ["GRAPH_SCHEMA", "BlockRecord", "DecisionRecord", "Graph", "GraphError", "GraphSummary", "GroupRecord",
+           "MemberRecord", "NodeRecord", "PlanRecord", "TieRecord", "validate_graph"]

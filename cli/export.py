@@ -51,7 +51,7 @@ def export(
     # Read by cli.main's error handler, which is the only code that needs it.
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="On error, also print the traceback.")] = False,
 ) -> None:
-    """Export MODEL_OR_RUN to ONNX, then run it with ONNX Runtime and check its outputs equal PyTorch's (1e-4).
+    """Export MODEL_OR_RUN to ONNX, then run it with ONNX Runtime and check its outputs equal PyTorch's (to round-off).
 
     YOLO models go through ultralytics' own exporter; everything else through torch.onnx (TorchScript exporter),
     with eval BatchNorm folded into the convolutions first. A run is read back by the pipeline that wrote it (its

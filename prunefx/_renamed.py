@@ -17,6 +17,7 @@ RENAMED = {
     "prunefx.integrations.ultralytics.export": "prunefx.integrations.ultralytics.yolo_export",
     "prunefx.integrations.transformers.config": "prunefx.integrations.transformers.pretrained",
     "prunefx.pipeline.config": "prunefx.pipeline.run_config",
+    "prunefx.verify_depth": "prunefx.verify.depth",
 }
 
 

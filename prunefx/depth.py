@@ -9,7 +9,7 @@
 - ``"output"`` (one pass per block): the model's relative output error with that block alone removed, or with
   ``loss_fn`` the increase of the user's loss;
 
-removed (:mod:`prunefx.transform.depth`), and checked by the oracle (:mod:`prunefx.verify_depth`): the pruned model
+removed (:mod:`prunefx.transform.depth`), and checked by the oracle (:mod:`prunefx.verify.depth`): the pruned model
 must equal the original with those blocks' branches zeroed. A model that fails the check gets its blocks back and
 the call raises.
 """
@@ -35,7 +35,7 @@ from prunefx.plan.depth import DepthPlan, plan_depth
 from prunefx.sensitivity import calibration_batches
 from prunefx.transform.depth import BlockCall, block_calls, remove_blocks
 from prunefx.verify import VerifyResult
-from prunefx.verify_depth import verify_depth
+from prunefx.verify.depth import verify_depth
 
 CRITERIA = ("influence", "output")
 

@@ -9,7 +9,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CORE = {"capture", "passes", "analysis", "importance", "plan", "transform", "verify", "checkpoint", "steps",
-        "sensitivity", "compensation", "api", "depth", "verify_depth"}
+        "sensitivity", "compensation", "api", "depth"}
 BASE = {"errors", "_io", "_plugins", "_config", "_state", "_gc", "_defaults", "_extras", "_renamed", "_registry"}
 # unit -> the units it may import (besides itself and BASE)
 ALLOWED: dict[str, set[str]] = {
@@ -28,8 +28,7 @@ ALLOWED: dict[str, set[str]] = {
     # measured sensitivity: prunes copies of the model (transform) to measure the damage curves a plan reads
     "sensitivity": {"analysis", "capture", "importance", "plan", "transform"},
     # depth pruning: residual blocks found, scored on data, removed, checked by its own oracle
-    "verify_depth": {"analysis", "capture", "plan", "verify"},
-    "depth": {"analysis", "capture", "plan", "transform", "verify", "verify_depth", "sensitivity"},
+    "depth": {"analysis", "capture", "plan", "transform", "verify", "sensitivity"},
     # whether prune() compensates biases: measured on held-out calibration batches (as sensitivity measures damage)
     "compensation": {"analysis", "capture", "importance", "plan", "transform", "sensitivity"},
     "api": {"analysis", "capture", "importance", "metrics", "plan", "transform", "verify", "steps", "sensitivity",

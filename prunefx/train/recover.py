@@ -456,7 +456,8 @@ def _named_losses(kinds: Mapping[str, str], spaces: Mapping[str, str]) -> str:
         space = spaces.get(name, "logits")
         if space == "logits" or kind in ("mse", "skip"):
             return ""
-        return f" on log p ({space}: {'rows sum to 1' if space == 'distribution' else 'values in [0, 1]'})"
+        return (f" on {'log' if kind == 'kl' else 'logit'} p ({space}: "
+                f"{'rows sum to 1' if space == 'distribution' else 'values in [0, 1]'})")
 
     return ", ".join(f"{k} {v}{on(k, v)}" for k, v in kinds.items())
 
@@ -631,8 +632,8 @@ class _Best:
             fields["kept"] = "best"
         if worse or restore:
             returned = (f"returned the best state, step {self.best['step']} ({_shown(self.best)})" if restore else
-                        f"keep_best is off, so the end state is returned (the best was step {self.best['step']}: "
-                        f"{_shown(self.best)})")
+                        f"{'keep_best is off' if not self.cfg.keep_best else 'its state was not saved'}, so the end "
+                        f"state is returned (the best was step {self.best['step']}: {_shown(self.best)})")
             say(f"recover: the end (step {self.last['step']}) is {'worse than the start' if worse else 'not the best'}"
                 f" by the {self.judged_by}: {_shown(evals[0])} at the start, {_shown(self.last)} at the end; "
                 f"{returned}")

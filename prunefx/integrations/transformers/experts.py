@@ -42,7 +42,7 @@ from prunefx.integrations.transformers.api import stale_config
 from prunefx.integrations.transformers.pretrained import own_config
 from prunefx.integrations.transformers.runs import broken_call, calls_that_run
 from prunefx.sensitivity import calibration_batches
-from prunefx.verify import VerifyResult, _score, _worst
+from prunefx.verify import VerifyResult, compare_outputs, max_error
 
 COUNTS = ("num_experts", "num_local_experts", "n_routed_experts")
 CRITERIA = ("contribution", "reap", "frequency")
@@ -266,8 +266,8 @@ def verify_experts(original: nn.Module, pruned: nn.Module, layers: Sequence[MoeL
         with _MaskedRouters(removed):
             reference = original.eval()(*example_inputs, **extra)
         got = pruned.eval()(*example_inputs, **extra)
-    scores = _score(reference, got, default_free_outputs(original))
-    worst = _worst(scores.errors)
+    scores = compare_outputs(reference, got, default_free_outputs(original))
+    worst = max_error(scores.errors)
     ok = not scores.problems and bool(scores.errors) and worst <= rtol
     what = "original with the removed experts' router logits at -inf"
     message = (f"pruned model == {what}: max rel error {worst:.2e}" if ok else

@@ -159,7 +159,11 @@ def search(
         width = None
         if left > keep * (1 + tolerance):  # PlanConfig(params=) counts every parameter of the model it cuts
             width = _width_target(candidate, example_inputs, keep * base, budget, tolerance, criterion, width_kwargs)
-            prune(candidate, example_inputs, PlanConfig(params=width), criterion=criterion, **width_kwargs)
+            try:
+                prune(candidate, example_inputs, PlanConfig(params=width), criterion=criterion, **width_kwargs)
+            except PrunefxError as exc:  # this candidate's cut failed its check: the others may still hold
+                skipped.append((d, f"the width cut failed: {str(exc).splitlines()[0]}"))
+                continue
         kept = budget.of(candidate) / base
         if abs(kept - keep) > tolerance * keep:  # allowed head counts and uniform layers move in steps
             skipped.append((d, f"the width cut kept {kept:.3f} of the {what}, not {keep:.3f} +- {tolerance:.0%}"))

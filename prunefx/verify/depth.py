@@ -22,7 +22,8 @@ from prunefx.capture.inputs import positional
 from prunefx.capture.semantics import EvalInterpreter
 from prunefx.capture.torch_export import export_graph
 from prunefx.capture.trace import module_state_kept, trace, training_mode
-from prunefx.verify import VerifyResult, _score, _worst
+from prunefx.verify.compare import compare_outputs, max_error
+from prunefx.verify.result import VerifyResult
 
 
 class _Zeroed(EvalInterpreter):
@@ -68,10 +69,10 @@ def verify_depth(original: nn.Module, dg: DependencyGraph, pruned: nn.Module, bl
         got = _pruned_outputs(dg, pruned, inputs)
     except Exception as exc:  # noqa: BLE001 - a pruned model that breaks is the finding, not an error of the check
         got, problems = None, [*problems, f"the pruned model raises {type(exc).__name__}: {str(exc)[:200]}"]
-    scores = _score(reference, got, default_free_outputs(original)) if got is not None else None
+    scores = compare_outputs(reference, got, default_free_outputs(original)) if got is not None else None
     errors = tuple(scores.errors) if scores else ()
     problems += scores.problems if scores else []
-    worst = _worst(list(errors))
+    worst = max_error(list(errors))
     ok = not problems and bool(errors) and worst <= rtol
     names = ", ".join(b.path for b in blocks)
     if ok:

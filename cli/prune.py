@@ -243,9 +243,9 @@ def _prune_once(
 ) -> None:
     """The pipelines' stage loop without training (baseline -> prune -> report), run directory built aside."""
     from prunefx.pipeline.backends.spec import run_spec
+    from prunefx.pipeline.job import ONE_SHOT, Job
     from prunefx.pipeline.records import PruneDone, read
     from prunefx.pipeline.run_config import PruneSpec, RunOptions
-    from prunefx.pipeline.runner import ONE_SHOT, Job
     from prunefx.plan import PruningPlan
     from prunefx.report import load_report, refit_line, render_table
 

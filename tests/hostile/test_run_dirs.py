@@ -217,6 +217,7 @@ def test_ctrl_c_as_a_stage_starts_records_interrupted(tmp_path: Path, monkeypatc
     from types import SimpleNamespace
 
     from prunefx.pipeline import runner
+    from prunefx.pipeline.job import ONE_SHOT, Job
     from prunefx.pipeline.records import BaselineDone
     from prunefx.pipeline.run_config import PruneSpec, RunOptions
     from prunefx.train.distributed import LOCAL
@@ -227,8 +228,8 @@ def test_ctrl_c_as_a_stage_starts_records_interrupted(tmp_path: Path, monkeypatc
     def prune(ctx):
         raise AssertionError("the prune stage ran")
 
-    monkeypatch.setattr(runner, "_baseline", baseline)
-    monkeypatch.setattr(runner, "_prune", prune)
+    monkeypatch.setattr(runner, "baseline_stage", baseline)
+    monkeypatch.setattr(runner, "prune_stage", prune)
     run = RunDir.open(tmp_path, "r", {})
     log = print
     if when == "its log line":
@@ -244,7 +245,7 @@ def test_ctrl_c_as_a_stage_starts_records_interrupted(tmp_path: Path, monkeypatc
             save(self)
 
         monkeypatch.setattr(RunDir, "_save", interrupted_save)
-    job = runner.Job(prune=PruneSpec(), run=RunOptions(name="r"), stages=runner.ONE_SHOT)
+    job = Job(prune=PruneSpec(), run=RunOptions(name="r"), stages=ONE_SHOT)
     with pytest.raises(KeyboardInterrupt):
         runner.execute(job, SimpleNamespace(dist=LOCAL, root=None, checkpoint=None, baseline_epochs=0), run, log=log)
     state = read_state(run.root)

@@ -14,8 +14,8 @@ from prunefx import prune
 from prunefx.metrics import measure
 from prunefx.pipeline import load_config, run_config
 from prunefx.pipeline.backends.classify import ClassifyJob, run_classify
+from prunefx.pipeline.controls import NARROW_TOLERANCE, control_runs, narrow_model
 from prunefx.pipeline.run_config import PruneSpec
-from prunefx.pipeline.runner import NARROW_TOLERANCE, control_runs, narrow_model
 from prunefx.plan import PlanConfig
 from prunefx.report import Stage, build_report, load_report, render_markdown
 from prunefx.report.verdict import verdict

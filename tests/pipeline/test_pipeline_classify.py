@@ -16,6 +16,7 @@ from prunefx.pipeline import runner as R
 from prunefx.pipeline.backends import classify as C
 from prunefx.pipeline.backends.classify import ClassifyJob, run_classify
 from prunefx.pipeline.classify_model import arch_signature, classifier_factory, is_classifier_spec, read_state_dict
+from prunefx.pipeline.job import STAGES
 from prunefx.report import load_report
 from prunefx.train.distributed import DistributedError
 
@@ -44,7 +45,7 @@ def finished(tmp_path_factory):
 def test_every_stage_runs_and_the_report_shows_the_target_and_accuracies(finished):
     root = finished.root
     state = _state(root)
-    assert state["status"] == "complete" and list(state["stages"]) == list(R.STAGES)
+    assert state["status"] == "complete" and list(state["stages"]) == list(STAGES)
     report = load_report(root)
     stages = report["stages"]
     kept = stages["pruned"]["macs"] / stages["baseline"]["macs"]
@@ -87,7 +88,7 @@ def test_resume_after_an_interruption_continues_without_redoing_finished_stages(
     def boom(ctx):
         raise RuntimeError("power cut during fine-tuning")
 
-    monkeypatch.setattr(R, "_finetune", boom)
+    monkeypatch.setattr(R, "finetune_stage", boom)
     with pytest.raises(RuntimeError, match="power cut"):
         run_classify(_job(tmp_path, "name=r"), log=lambda _: None)
     root = tmp_path / "r"
@@ -100,7 +101,7 @@ def test_resume_after_an_interruption_continues_without_redoing_finished_stages(
     def must_not_run(ctx):
         raise AssertionError("a finished stage ran again")
 
-    for name in ("_baseline", "_sparsity", "_prune"):
+    for name in ("baseline_stage", "sparsity_stage", "prune_stage"):
         monkeypatch.setattr(R, name, must_not_run)
     run = run_classify(_job(tmp_path, "name=r", "resume=true"), log=lambda _: None)
     assert run.root == root and run.is_complete

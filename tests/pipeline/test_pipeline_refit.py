@@ -7,8 +7,8 @@ import pytest
 
 from prunefx._config import ConfigError
 from prunefx.pipeline import run_config
+from prunefx.pipeline.job import CALIBRATION_BATCHES
 from prunefx.pipeline.run_config import PruneSpec
-from prunefx.pipeline.runner import CALIBRATION_BATCHES
 from prunefx.report import load_report
 
 

@@ -156,7 +156,7 @@ def test_resume_refuses_a_plan_or_weights_changed_since_their_stage_wrote_them(t
     def stop(ctx):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(runner, "_finetune", stop)
+    monkeypatch.setattr(runner, "finetune_stage", stop)
     assert CliRunner().invoke(app, args).exit_code != 0
     monkeypatch.undo()
     root = tmp_path / "r"
@@ -192,6 +192,6 @@ def test_the_direction_a_metric_improves_in_is_read_from_its_goal_or_its_name(me
     # the fine-tune stage keeps the cut model when the fine-tuned one scores worse: which way is worse matters
     from types import SimpleNamespace
 
-    from prunefx.pipeline.runner import higher_is_better
+    from prunefx.pipeline.job import higher_is_better
 
     assert higher_is_better(SimpleNamespace(primary_metric=metric, metric_goal=goal)) is higher

@@ -1,1 +1,1 @@
-"""What differs between the pipelines: one backend per model family (see ``prunefx.pipeline.runner.Backend``)."""
+"""What differs between the pipelines: one backend per model family (see ``prunefx.pipeline.job.Backend``)."""

@@ -48,22 +48,11 @@ from prunefx.pipeline.classify_model import (
     save_weights,
     takes_in_channels,
 )
+from prunefx.pipeline.job import RECOVERY_DIR, STAGES, Cuts, Job, ModelRole, Start, Trained
 from prunefx.pipeline.records import RankTrained
 from prunefx.pipeline.run_config import RUN_KEYS, ConfigError, PruneSpec, StageSpec, check_keys
 from prunefx.pipeline.rundir import RunDir, recovery_checkpoint
-from prunefx.pipeline.runner import (
-    RECOVERY_DIR,
-    STAGES,
-    Cuts,
-    Job,
-    ModelRole,
-    Start,
-    Trained,
-    execute,
-    open_run,
-    preflight,
-    resume_hint,
-)
+from prunefx.pipeline.runner import execute, open_run, preflight, resume_hint
 from prunefx.train.distill import DistillConfig
 from prunefx.train.distributed import (
     LOCAL,
@@ -188,7 +177,7 @@ class ClassifyJob(Job):
 
 
 class ClassifyBackend:
-    """Train (fit) and recover (recover) in every rank, evaluate over all ranks (see ``runner.Backend``)."""
+    """Train (fit) and recover (recover) in every rank, evaluate over all ranks (see ``job.Backend``)."""
 
     cuts = Cuts(before_refit=True)  # the pruned model's checkpoint holds one PruningPlan: no prune.depth yet
 

@@ -11,7 +11,7 @@ given (in the file or as ``trust_code=true`` on the command line):
   re-iterable with a length (a DataLoader): it is passed over, never copied into memory (only the first batches
   that calibration needs are read ahead).
 * ``metric``: ``metric(model, val_batches)`` -> a number or a dict of numbers; the first is the one compared,
-  higher is better unless its name says otherwise (``mse``, ``loss``, ``ppl``, ...: ``runner.higher_is_better``)
+  higher is better unless its name says otherwise (``mse``, ``loss``, ``ppl``, ...: ``job.higher_is_better``)
   or ``prune.finetune.metric_goal: min`` is given.
 * ``task_loss`` (optional): ``task_loss(outputs, batch)`` -> a scalar tensor, mixed into the recovery.
 
@@ -41,9 +41,7 @@ from prunefx._config import field_names, from_dict
 from prunefx.capture.inputs import Inputs, positional
 from prunefx.errors import PrunefxError
 from prunefx.metrics import Deployment
-from prunefx.pipeline.run_config import RUN_KEYS, ConfigError, PruneSpec, StageSpec, check_keys
-from prunefx.pipeline.rundir import RunDir, recovery_checkpoint
-from prunefx.pipeline.runner import (
+from prunefx.pipeline.job import (
     RECOVERY_DIR,
     WIDTH_AND_DEPTH,
     Job,
@@ -51,9 +49,11 @@ from prunefx.pipeline.runner import (
     Start,
     Trained,
     higher_is_better,
-    run_job,
     saved_plans,
 )
+from prunefx.pipeline.run_config import RUN_KEYS, ConfigError, PruneSpec, StageSpec, check_keys
+from prunefx.pipeline.rundir import RunDir, recovery_checkpoint
+from prunefx.pipeline.runner import run_job
 from prunefx.spec import SpecError, call_factory, resolve_factory
 from prunefx.train.distributed import LOCAL
 from prunefx.train.recover import RecoverConfig, recover
@@ -152,7 +152,7 @@ class CustomJob(Job):
 
 
 class CustomBackend:
-    """The runner's view of a custom task (see :class:`prunefx.pipeline.runner.Backend`)."""
+    """The runner's view of a custom task (see :class:`prunefx.pipeline.job.Backend`)."""
 
     dist = LOCAL
     cuts = WIDTH_AND_DEPTH  # saved with prunefx.save, which takes [DepthPlan, PruningPlan]
@@ -179,7 +179,7 @@ class CustomBackend:
     @property
     def metric_goal(self) -> str | None:
         """Which way the metric improves: ``prune.finetune.metric_goal`` when given, else None (by its name, as
-        :func:`prunefx.pipeline.runner.higher_is_better` reads it)."""
+        :func:`prunefx.pipeline.job.higher_is_better` reads it)."""
         return self.job.prune.finetune.overrides.get("metric_goal")
 
     def _build(self) -> nn.Module:

@@ -40,9 +40,10 @@ from torch import nn
 from prunefx.data.text import mean_loss, next_token_loss, shifted_loss, windows
 from prunefx.errors import PrunefxError
 from prunefx.pipeline.backends.custom import CustomBackend, CustomJob
+from prunefx.pipeline.job import Cuts, ModelRole, imported_on_call
 from prunefx.pipeline.run_config import RUN_KEYS, ConfigError, check_keys
 from prunefx.pipeline.rundir import RunDir
-from prunefx.pipeline.runner import Cuts, ModelRole, imported_on_call, run_job
+from prunefx.pipeline.runner import run_job
 from prunefx.train.user_code import fenced
 
 STAGES = ("baseline", "prune", "finetune", "report")
@@ -116,7 +117,7 @@ class LlmJob(CustomJob):
 
 
 class LlmBackend(CustomBackend):
-    """The runner's view of a causal LM on text (see :class:`prunefx.pipeline.runner.Backend`)."""
+    """The runner's view of a causal LM on text (see :class:`prunefx.pipeline.job.Backend`)."""
 
     cuts = Cuts(width=imported_on_call("prunefx.integrations.transformers:prune"),
                 depth=imported_on_call("prunefx.integrations.transformers:prune_depth"), before_refit=True,

@@ -25,16 +25,17 @@ from torch.utils._pytree import tree_leaves
 from prunefx._io import storage_error
 from prunefx.errors import PrunefxError
 from prunefx.metrics import Deployment
+from prunefx.pipeline.job import WIDTH_ONLY, Job, ModelRole, Start, Trained
 from prunefx.pipeline.run_config import StageSpec
 from prunefx.pipeline.rundir import RunDir, install
-from prunefx.pipeline.runner import WIDTH_ONLY, Job, ModelRole, Start, Trained, execute, preflight
+from prunefx.pipeline.runner import execute, preflight
 from prunefx.spec import LoadedModel
 from prunefx.train.distributed import LOCAL
 from prunefx.train.sparsity import SparsityConfig
 
 
 class SpecBackend:
-    """Hands the runner a loaded SPEC's model; costs only, no task metrics (see ``runner.Backend``)."""
+    """Hands the runner a loaded SPEC's model; costs only, no task metrics (see ``prunefx.pipeline.job.Backend``)."""
 
     dist = LOCAL
     cuts = WIDTH_ONLY

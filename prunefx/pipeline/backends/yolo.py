@@ -27,9 +27,10 @@ from prunefx._config import load_yaml
 from prunefx._io import TRUST_HINT
 from prunefx.errors import PrunefxError, UntrustedFileError
 from prunefx.metrics import Deployment
+from prunefx.pipeline.job import STAGES, WIDTH_ONLY, Job, ModelRole, Start, Trained
 from prunefx.pipeline.run_config import RUN_KEYS, ConfigError, PruneSpec, RunOptions, StageSpec, check_keys
 from prunefx.pipeline.rundir import RunDir
-from prunefx.pipeline.runner import STAGES, WIDTH_ONLY, Job, ModelRole, Start, Trained, run_job
+from prunefx.pipeline.runner import run_job
 from prunefx.train.distributed import LOCAL
 from prunefx.train.sparsity import SparsityConfig
 
@@ -277,7 +278,7 @@ def evaluate_yolo(
 
 
 class YoloBackend:
-    """Train, evaluate, load and save with ultralytics (see :class:`prunefx.pipeline.runner.Backend`)."""
+    """Train, evaluate, load and save with ultralytics (see :class:`prunefx.pipeline.job.Backend`)."""
 
     dist = LOCAL  # multi-GPU: ultralytics' trainer runs its own DDP workers inside one stage
     cuts = WIDTH_ONLY  # evaluate reads the saved checkpoint (no metric before the re-fit); no prune.depth

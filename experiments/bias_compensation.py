@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> Path:
                 rows.append({"seed": seed, "sparsity_target": sparsity or 0.0, "compensation": comp,
                              "baseline_top1": top1(base, test_set), "pruned_top1": top1(m, test_set),
                              "macs_kept": r.plan.estimate["macs_after"] / r.plan.estimate["macs_before"],
-                             "verified": r.verified.ok})
+                             "verified": r.verified.accepted})
                 print(rows[-1], flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     table.write_csv(rows, args.out / "bias_compensation.csv", list(rows[0]))

@@ -215,7 +215,7 @@ def _prunefx(model: nn.Module, x: torch.Tensor, keep: float, method: str, recove
     needs = refit or scope == "sensitivity"
     r = prunefx.prune(model, x, cfg, criterion="bn_scale", refit=refit, sensitivity_cache=None,
                       calibration=calibration if needs else None)
-    assert r.verified is not None and r.verified.ok, r.verified
+    assert r.verified is not None and r.verified.accepted, r.verified
     if recovery == "bn-recal":
         recalibrate_bn(r.model, calibration)
     return r.model

@@ -119,7 +119,7 @@ def _prunefx(model: nn.Module, imgsz: int, keep: float, method: str, calibration
     cfg = prunefx.PlanConfig(flops=keep, scope="global" if method == "raw" else "sensitivity")
     r = prunefx.prune(model, torch.zeros(1, 3, imgsz, imgsz), cfg, criterion="bn_scale", refit=refit,
                       sensitivity_cache=None, calibration=calibration if refit else None)
-    assert r.verified is not None and r.verified.ok, r.verified
+    assert r.verified is not None and r.verified.accepted, r.verified
     return r.model
 
 

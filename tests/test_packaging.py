@@ -91,7 +91,8 @@ def test_the_wheel_describes_itself_with_the_readme(built: dict[str, Path]) -> N
 _OUTSIDE = """
 import json, sys
 import prunefx, prunefx.report, prunefx.cli.main
-from prunefx.view.page import GRAPH_SCHEMA, groups_html
+from prunefx.view.page import groups_html
+from prunefx.view.schema import GRAPH_SCHEMA
 counts = ("nodes", "edges", "groups", "prunable_groups", "frozen_groups", "channels", "prunable_channels",
           "auto_leaves", "unknown_ops")
 graph = {"schema": GRAPH_SCHEMA, "model": "m", "summary": {**dict.fromkeys(counts, 0), "frozen_reasons": {}},

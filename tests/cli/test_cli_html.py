@@ -48,7 +48,7 @@ def test_prune_spec_writes_report_html_and_report_redraws_it(tmp_path: Path) -> 
     plan = json.loads((run / "plan.json").read_text())
     data = page_data(run / "report.html")
     assert data["mode"] == "report"
-    decided = {g["id"]: (g["plan"]["before"], g["plan"]["after"]) for g in data["graph"]["groups"] if "plan" in g}
+    decided = {g["id"]: (g["plan"]["before"], g["plan"]["after"]) for g in data["graph"]["groups"] if g.get("plan")}
     assert decided == {g["group"]: (g["before"], g["after"]) for g in plan["groups"]}
     (run / "report.html").unlink()
     result = runner.invoke(app, ["report", str(run), "--html"])

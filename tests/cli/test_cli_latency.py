@@ -114,7 +114,9 @@ def test_export_spec_and_run(tmp_path: Path) -> None:
 
     run = tmp_path / "run"
     assert invoke("prune", *TINY, "--flops", "0.5", "--no-latency", "--out", str(run)).exit_code == 0
-    result = invoke("export", str(run))
+    refused = invoke("export", str(run))  # the run names a user factory: never imported from the run's files
+    assert refused.exit_code == 2 and "--model" in refused.stderr, refused.output
+    result = invoke("export", str(run), "--model", TINY[0])
     assert result.exit_code == 0, result.output
     pruned = prunefx.load(run / "pruned.pt", lambda: load_spec("_factories:tiny_cnn", imgsz=32).model).eval()
     x = torch.rand(1, 3, 32, 32)
@@ -126,4 +128,4 @@ def test_export_spec_and_run(tmp_path: Path) -> None:
 
 
 def test_export_of_a_directory_that_is_no_run(tmp_path: Path) -> None:
-    one_error_line(invoke("export", str(tmp_path)), "not a run directory prunefx can export")
+    one_error_line(invoke("export", str(tmp_path)), "it is not a prunefx run directory")

@@ -190,12 +190,10 @@ def write_fields(old, new) -> None:
     """Set ``old``'s fields to ``new``'s in place; a nested sub-config (a VLM's ``text_config``) field by field, so
     it stays the config object its language model holds (a plain dict there breaks the cache and ``generate``)."""
     for key, value in vars(new).items():
-        if key not in vars(old):
-            continue
-        held = getattr(old, key)
+        held = vars(old).get(key)
         if hasattr(held, "to_dict") and hasattr(value, "to_dict"):  # a sub-config: never replaced by another object
             write_fields(held, value)
-        elif held != value:
+        elif key not in vars(old) or held != value:  # a field the pruned widths add (head_dim) or change
             setattr(old, key, copy.deepcopy(value))
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import json
 import math
 import os
 import tempfile
@@ -293,7 +292,7 @@ class ClassifyBackend:
         # rank 0 decides for every rank; on several machines the others then read the checkpoint from the shared
         # run directory (accelerate's state: each rank's RNG, rank 0's weights and optimiser)
         resume = self.dist.broadcast(recovery_checkpoint(ckpt) if self.dist.is_main else None)
-        epochs = [int(json.loads((ckpt / STATE_FILE).read_text())["step"]) // per_epoch if resume else 0]
+        epochs = [_resumed_step(ckpt / STATE_FILE) // per_epoch if resume else 0]
 
         def metric(m: nn.Module) -> dict[str, float]:  # every rank evaluates its share of the split
             if epochs[0] and self.dist.is_main:  # the first call is the start; then one per finished epoch
@@ -446,6 +445,18 @@ def _run_rank(job: ClassifyJob, dist: DistContext, run: RunDir | None, log: Call
     if dist.is_main:
         log(f"run directory: {run.root}" + (f" ({dist.world_size} ranks, {dist.device})" if dist.distributed else ""))
     return execute(job, backend, run, log=log)
+
+
+def _resumed_step(path: Path) -> int:
+    """The step a recovery checkpoint stopped at (recover.json read within limits; recover checks the rest)."""
+    from prunefx._io import read_json
+
+    fix = f"delete {path.parent} to fine-tune from the start"
+    record = read_json(path, ConfigError, missing=f"{path} is missing; {fix}", what="is damaged", fix=fix, expect=dict)
+    step = record.get("step")
+    if type(step) is not int or step < 0:
+        raise ConfigError(f"{path}: 'step' is {step!r}, not a step count; {fix}")
+    return step
 
 
 __all__ = ["STAGES", "TOP_KEYS", "ClassifyBackend", "ClassifyJob", "Processes", "run_classify"]

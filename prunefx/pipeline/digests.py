@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -67,8 +68,12 @@ def record_digest(entry: Mapping[str, Any]) -> str:
 
 
 def sha256(path: Path) -> str:
+    """The file's sha256; a FIFO or device planted in its place is refused, never read (a read would block)."""
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
+    with os.fdopen(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise RunError(f"{path} is not a regular file, so it is not what its stage wrote; remove it, or start a "
+                           "new run (drop resume=true)")
         while chunk := f.read(_CHUNK):
             digest.update(chunk)
     return digest.hexdigest()

@@ -85,3 +85,8 @@ def test_a_stage_record_or_file_changed_since_its_stage_saved_it_is_refused_in_o
     (tmp_path / "plan.json").unlink()
     with pytest.raises(RunError, match=r"plan.json, written by the prune stage, is missing"):
         digests.verify(tmp_path, state)
+    import os
+
+    os.mkfifo(tmp_path / "plan.json")  # a FIFO in the file's place: refused, never read (a read would block)
+    with pytest.raises(RunError, match=r"plan.json, written by the prune stage, is missing"):
+        digests.verify(tmp_path, state)

@@ -179,7 +179,7 @@ def test_interrupted_run_resumes_after_the_last_finished_stage(
     def crash(ctx):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(pipeline, "_finetune", crash)
+    monkeypatch.setattr(pipeline, "finetune_stage", crash)
     first = _prune(*args)
     assert first.exit_code != 0
     run = tmp_path / "r"
